@@ -1,0 +1,103 @@
+"""The `blockforge` command: inspect, train, eval, analyze, search, export.
+
+Every subcommand goes through the same load -> resolve -> build path as the Python API; a problem
+with a file, a flag or a path is printed as one sentence and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+from blockforge.errors import BlockforgeError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 (repeatable)",
+    )
+
+
+def format_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A plain-text table; `align` has one 'l' or 'r' per column (default: text left, numbers right)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    if align is None:
+        align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def human_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
+    from blockforge.spec import load_recipe, resolve
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    spec = resolve(recipe.model)
+    model = build_model(spec, device="meta")  # counts only: nothing is allocated
+    per_layer = layer_parameter_counts(model)
+    rows = [
+        [layer.index, layer.placement, layer.heads, spec.width // layer.heads, layer.ffn, layer.init_scale, layer.lr_mult, f"{n:,}"]
+        for layer, n in zip(spec.layers, per_layer)
+    ]
+    print(format_table(["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"], rows, "rlrrrrrr"))
+    total = parameter_count(model)
+    blocks = sum(per_layer)
+    counts = Counter(layer.placement for layer in spec.layers)
+    print()
+    print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
+    print(f"placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
+    print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
+    print(f"arch hash    {spec.arch_hash()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="blockforge", description=__doc__.splitlines()[0])
+    from blockforge import __version__
+
+    parser.add_argument("--version", action="version", version=f"blockforge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="print the resolved per-layer table of a recipe")
+    p.add_argument("recipe", help="a recipe YAML file")
+    _add_set(p)
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BlockforgeError as err:
+        print(f"blockforge: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("blockforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Data settings: the `data:` section of a recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blockforge.errors import SpecError
+from blockforge.spec.strict import choice
+
+TEXT_SOURCES = ("builtin", "text", "hf")
+IMAGE_SOURCES = ("digits", "fashion-mnist", "image-folder")
+
+
+@dataclass(kw_only=True)
+class TokenizerConfig:
+    bpe: int | None = None  # train a byte-level BPE of this vocabulary size on the training split
+    hf: str | None = None  # a Hugging Face tokenizer name or local path (must be available offline)
+
+    def check(self, path: str) -> None:
+        if (self.bpe is None) == (self.hf is None):
+            raise SpecError("give exactly one of bpe (a vocabulary size) and hf (a tokenizer name)", path=path)
+        if self.bpe is not None and self.bpe < 260:
+            raise SpecError(f"a byte-level BPE needs a vocabulary of at least 260, not {self.bpe}", path=f"{path}.bpe")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    source: str = choice(*TEXT_SOURCES, *IMAGE_SOURCES, default="builtin")
+    path: str | list[str] | None = None  # text: files or globs; fashion-mnist / image-folder: a folder
+    dataset: str | None = None  # hf: e.g. allenai/c4
+    name: str | None = None  # hf: the configuration, e.g. en
+    split: str = "train"  # hf: the training split
+    val_split: str | None = "validation"  # hf: the validation split (None: hold out from `split`)
+    text_field: str = "text"
+    streaming: bool = True  # hf: stream instead of downloading the whole set
+    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(bpe=8192))
+    val_fraction: float = 0.05  # documents held out for validation when there is no validation split
+    pack: bool = True  # pack documents into full sequences; false pads/truncates each (the paper's C4 setup)
+    bpe_train_chars: int = 20_000_000  # text read to train a BPE tokenizer
+    num_workers: int = 0
+
+    def check(self, path: str) -> None:
+        if self.source == "text" and not self.path:
+            raise SpecError("is required for source text (files or globs)", path=f"{path}.path")
+        if self.source in ("fashion-mnist", "image-folder") and not self.path:
+            raise SpecError(f"is required for source {self.source} (a folder)", path=f"{path}.path")
+        if self.source == "hf" and not self.dataset:
+            raise SpecError("is required for source hf (e.g. allenai/c4)", path=f"{path}.dataset")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise SpecError(f"must lie in (0, 1), not {self.val_fraction}", path=f"{path}.val_fraction")
+
+    @property
+    def is_text(self) -> bool:
+        return self.source in TEXT_SOURCES

@@ -1,0 +1,48 @@
+"""User-facing errors: each carries one sentence that names the file, the key path and the fix."""
+
+import difflib
+from typing import Any, Iterable
+
+
+class BlockforgeError(Exception):
+    """An error caused by user input (a file, a flag, a path); the CLI prints it as one line."""
+
+    exit_code = 2
+
+
+class SpecError(BlockforgeError, ValueError):
+    """A recipe, search file or dotted override that cannot be turned into a valid spec."""
+
+    def __init__(self, message: str, *, path: str = "", file: str | None = None):
+        self.message = message
+        self.path = path
+        self.file = file
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ": ".join(part for part in (self.file, self.path) if part)
+        return f"{where}: {self.message}" if where else self.message
+
+    def located(self, file: str | None) -> "SpecError":
+        """The same error, attributed to `file` unless it already names one."""
+        if self.file is not None or file is None:
+            return self
+        return SpecError(self.message, path=self.path, file=file)
+
+
+class DataError(BlockforgeError):
+    """Training or evaluation data that cannot be found, read or tokenized."""
+
+
+def unknown_choice_message(value: str, allowed: Iterable[str]) -> str:
+    allowed = list(allowed)
+    hint = difflib.get_close_matches(value, allowed, n=1)
+    did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+    return f"unknown value '{value}'{did_you_mean}; choose one of: {', '.join(allowed)}"
+
+
+def unknown_key_message(key: Any, known: Iterable[str]) -> str:
+    known = list(known)
+    hint = difflib.get_close_matches(str(key), known, n=1)
+    did_you_mean = f"did you mean '{hint[0]}'? " if hint else ""
+    return f"unknown key; {did_you_mean}known keys here: {', '.join(known)}"

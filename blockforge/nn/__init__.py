@@ -1,0 +1,1 @@
+"""Modules: norms, placements, attention, MLPs, the Block, and the llama and vit backbones."""

@@ -1,0 +1,37 @@
+"""build_model: a resolved spec in, an initialized nn.Module out."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blockforge.nn.init import init_weights
+from blockforge.nn.llama import Llama
+from blockforge.nn.vit import ViT
+from blockforge.spec.model import ModelSpec, ResolvedSpec
+from blockforge.spec.resolve import resolve
+
+BACKBONES: dict[str, type[nn.Module]] = {"llama": Llama, "vit": ViT}
+
+
+def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | None = None) -> nn.Module:
+    """Build and initialize the model `spec` describes (a ModelSpec is resolved first).
+
+    On the meta device nothing is allocated or initialized (for memory plans).
+    """
+    if isinstance(spec, ModelSpec):
+        spec = resolve(spec)
+    with torch.device(device or "cpu"):
+        model = BACKBONES[spec.family](spec)
+    if not any(p.is_meta for p in model.parameters()):
+        init_weights(model, spec)
+    return model
+
+
+def layer_parameter_counts(model: nn.Module) -> list[int]:
+    return [sum(p.numel() for p in block.parameters()) for block in model.layers]
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters counted once even when tied."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,205 @@
+"""Recipe files: YAML with `base:` composition, strict parsing and dotted overrides (`--set a.b=1`).
+
+A recipe has three separate sections, `model`, `train` and `data`; `base:` names one or more recipe
+files (relative to this one) that are merged first, mappings key by key and everything else replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from blockforge.data.config import DataConfig
+from blockforge.errors import SpecError, unknown_key_message
+from blockforge.spec.model import ModelSpec
+from blockforge.spec.resolve import resolve
+from blockforge.spec.strict import parse
+from blockforge.train.config import TrainConfig
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    model: ModelSpec = field(metadata={"help": "a recipe needs a model section"})
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def check(self, path: str) -> None:
+        if self.data.is_text != (self.model.family == "llama"):
+            kind = "text" if self.model.family == "llama" else "image"
+            raise SpecError(
+                f"source '{self.data.source}' does not fit model family {self.model.family}; use a {kind} source",
+                path="data.source",
+            )
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """safe_load of a file; a missing file or a syntax error becomes one SpecError sentence."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError("file not found; check the path", file=str(path)) from None
+    except IsADirectoryError:
+        raise SpecError("is a folder, not a YAML file", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"cannot be read ({err.__class__.__name__}: {err})", file=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"is not valid YAML ({where}{problem}); fix the syntax there", file=str(path)) from None
+
+
+def deep_merge(base: Mapping, top: Mapping) -> dict:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_composed(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dict:
+    """The recipe at `path` as plain data, with its `base:` files merged underneath."""
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in _chain:
+        raise SpecError("`base:` files include each other in a cycle; break the cycle", path="base", file=str(path))
+    data = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError("must be a mapping with model, train and data sections, not a single value or list", file=str(path))
+    bases = data.pop("base", None)
+    if bases is None:
+        return data
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise SpecError("must be a file name or a list of file names", path="base", file=str(path))
+    merged: dict = {}
+    for base in bases:
+        base_path = path.parent / base
+        if not base_path.is_file():
+            raise SpecError(f"base file '{base}' not found next to this file ({base_path})", path="base", file=str(path))
+        merged = deep_merge(merged, read_composed(base_path, _chain + (resolved,)))
+    return deep_merge(merged, data)
+
+
+# ---- dotted overrides -------------------------------------------------------------------------
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """'model.layers.mix_ln.alpha=0.125' -> ('model.layers.mix_ln.alpha', 0.125); values read as YAML."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SpecError(f"'{text}' is not KEY=VALUE; write e.g. --set model.layers.mix_ln.alpha=0.125", file="--set")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key, parsed
+
+
+def _field_type(cls: type, key: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    if key not in names:
+        return None, names
+    return hints[key], names
+
+
+def _unwrap(tp: Any) -> list[Any]:
+    """The alternatives of a (possibly Optional / union) annotation, minus None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [t for t in typing.get_args(tp) if t is not type(None)]
+    return [tp]
+
+
+def check_dotted_key(root: type, key: str) -> None:
+    """Raise SpecError unless `key` names a field reachable from dataclass `root` (list items by index)."""
+    options = [root]
+    walked = []
+    for part in key.split("."):
+        next_options = []
+        known: list[str] = []
+        for tp in options:
+            if dataclasses.is_dataclass(tp):
+                child, names = _field_type(tp, part)
+                known += names
+                if child is not None:
+                    next_options += _unwrap(child)
+            elif typing.get_origin(tp) in (list, tuple) and part.lstrip("-").isdigit():
+                next_options += _unwrap(typing.get_args(tp)[0])
+            elif typing.get_origin(tp) is dict or tp is Any:
+                next_options.append(Any)
+        if not next_options:
+            where = ".".join(walked + [part])
+            if known:
+                raise SpecError(unknown_key_message(part, dict.fromkeys(known)), path=where, file="--set")
+            raise SpecError(f"'{'.'.join(walked)}' holds a single value, not keys", path=where, file="--set")
+        options = next_options
+        walked.append(part)
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """Assign `value` at dotted `key` inside plain data, creating mappings on the way."""
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            index = int(part)
+            if not -len(node) <= index < len(node):
+                raise SpecError(f"index {index} is out of range (the list has {len(node)} items)", path=".".join(parts[: i + 1]), file="--set")
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+            continue
+        if last:
+            node[part] = value
+        else:
+            if not isinstance(node.get(part), (dict, list)):
+                node[part] = {}
+            node = node[part]
+
+
+def apply_overrides(data: dict, overrides: Iterable[str | tuple[str, Any]], root: type = None) -> dict:
+    """A copy of `data` with each override applied in order ('k=v' text or (key, value) pairs)."""
+    root = root or Recipe
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, value = parse_assignment(item) if isinstance(item, str) else item
+        check_dotted_key(root, key)
+        set_dotted(data, key, value)
+    return data
+
+
+def recipe_from_data(data: dict, *, file: str | None = None) -> Recipe:
+    """Validate plain recipe data, including that its model resolves (so no compute is spent on a bad spec)."""
+    try:
+        recipe = parse(Recipe, data)
+        resolve(recipe.model)
+    except SpecError as err:
+        raise err.located(file) from None
+    return recipe
+
+
+def load_recipe(path: str | os.PathLike, overrides: Iterable[str | tuple[str, Any]] = ()) -> Recipe:
+    """Read, compose, override and validate a recipe; any problem is one SpecError sentence."""
+    data = read_composed(path)
+    data = apply_overrides(data, overrides)
+    return recipe_from_data(data, file=str(path))

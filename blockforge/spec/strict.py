@@ -1,0 +1,157 @@
+"""Strict conversion between plain YAML data and config dataclasses.
+
+Every config section (model, train, data, search) is a dataclass; `parse` checks keys, types and
+choices and names the key path of the first problem, `to_plain` turns an instance back into YAML data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Union
+
+from blockforge.errors import SpecError, unknown_choice_message, unknown_key_message
+
+
+def choice(*allowed: str, default: Any = dataclasses.MISSING, help: str | None = None) -> Any:
+    """A string field restricted to `allowed` (the error lists them)."""
+    metadata = {"choices": allowed, "help": help or "one of " + ", ".join(allowed)}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def describe_type(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe_type(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin in (list, tuple):
+        return f"a list of {describe_type(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _describe_value(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def parse_value(tp: Any, value: Any, path: str, choices: tuple[str, ...] | None = None) -> Any:
+    """Check `value` against the annotation `tp` and return it converted (nested dataclasses built)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise SpecError(f"must be {describe_type(tp)}, not null", path=path)
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return parse_value(option, value, path, choices)
+            except SpecError as err:
+                errors.append(err)
+        # A mapping or list that failed deeper down reports the deeper problem, not "wrong type".
+        deep = [e for e in errors if e.path != path]
+        if deep:
+            raise deep[0]
+        raise SpecError(f"must be {describe_type(tp)}, not {_describe_value(value)}", path=path)
+    if dataclasses.is_dataclass(tp):
+        return parse(tp, value, path)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise SpecError(f"must be {describe_type(tp)}, not {_describe_value(value)}", path=path)
+        return [parse_value(item, v, _join(path, i), choices) for i, v in enumerate(value)]
+    if origin is tuple:
+        item = typing.get_args(tp)[0]
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"must be a list, not {_describe_value(value)}", path=path)
+        return tuple(parse_value(item, v, _join(path, i), choices) for i, v in enumerate(value))
+    if origin is dict:
+        key_tp, item_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise SpecError(f"must be a mapping, not {_describe_value(value)}", path=path)
+        return {parse_value(key_tp, k, path): parse_value(item_tp, v, _join(path, str(k))) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"must be true or false, not {_describe_value(value)}", path=path)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"must be an integer, not {_describe_value(value)}", path=path)
+        return value
+    if tp is float:
+        # PyYAML reads `1e-3` (no dot) as a string; accept any text that is a plain number.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise SpecError(f"must be a number, not {_describe_value(value)}", path=path) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"must be a number, not {_describe_value(value)}", path=path)
+        if not math.isfinite(value):
+            raise SpecError(f"must be a finite number, not {value}", path=path)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise SpecError(f"must be a string, not {_describe_value(value)}", path=path)
+        if choices is not None and value not in choices:
+            raise SpecError(unknown_choice_message(value, choices), path=path)
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")
+
+
+def parse(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"must be a mapping of keys to values, not {_describe_value(data)}", path=path)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            raise SpecError(unknown_key_message(key, fields), path=_join(path, str(key)))
+    kwargs = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = parse_value(hints[name], data[name], _join(path, name), field.metadata.get("choices"))
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise SpecError(f"is required ({field.metadata.get('help', describe_type(hints[name]))})", path=_join(path, name))
+    instance = cls(**kwargs)
+    check = getattr(instance, "check", None)
+    if check is not None:
+        check(path)
+    return instance
+
+
+def to_plain(obj: Any) -> Any:
+    """Plain YAML/JSON data (dicts, lists, scalars) for a dataclass instance, tuple or list."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,77 @@
+"""Training settings: the `train:` section of a recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blockforge.errors import SpecError
+from blockforge.spec.strict import choice
+
+
+@dataclass(kw_only=True)
+class DivergenceConfig:
+    """When a run counts as diverged: a non-finite loss at any step, or, after warmup, a loss above
+    `max_loss` (default: twice the loss of the first step, i.e. far worse than the untrained model)."""
+
+    max_loss: float | None = None
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32  # sequences (or images) per optimizer step
+    micro_batch_size: int | None = None  # per forward pass; gradients are accumulated to batch_size
+    lr: float = 1e-3
+    warmup: float = 0.1  # fraction of steps with a linear warmup
+    schedule: str = choice("cosine", "linear", "constant", default="cosine")
+    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
+    optimizer: str = choice("adam", "adamw", default="adam")
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
+    seed: int = 0
+    eval_every: int = 0  # steps between evaluations; 0 evaluates only at the end
+    eval_batches: int = 16  # micro-batches per evaluation
+    log_every: int = 10
+    grad_norm_every: int = 50  # per-layer gradient norms in metrics.jsonl; 0 disables them
+    checkpoint_every: int = 100  # 0 writes a checkpoint only at the end
+    device: str = choice("auto", "cpu", "cuda", default="auto")
+    precision: str = choice("auto", "fp32", "bf16", default="auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    activation_checkpointing: bool = False
+    tensorboard: bool = False
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+
+    def check(self, path: str) -> None:
+        for key in ("steps", "batch_size", "micro_batch_size", "lr", "eps", "eval_batches", "log_every"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise SpecError(f"must be greater than zero, not {value}", path=f"{path}.{key}")
+        for key in ("eval_every", "grad_norm_every", "checkpoint_every", "weight_decay", "grad_clip"):
+            if getattr(self, key) < 0:
+                raise SpecError(f"must be zero or more, not {getattr(self, key)}", path=f"{path}.{key}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise SpecError(f"is a fraction of the steps and must lie in [0, 1), not {self.warmup}", path=f"{path}.warmup")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise SpecError(f"must lie in [0, 1], not {self.min_lr_ratio}", path=f"{path}.min_lr_ratio")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise SpecError(f"must be two numbers in [0, 1), not {self.betas}", path=f"{path}.betas")
+        micro = self.micro_batch_size or self.batch_size
+        if self.batch_size % micro:
+            raise SpecError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {micro}; pick a divisor",
+                path=f"{path}.micro_batch_size",
+            )
+
+    @property
+    def micro_batch(self) -> int:
+        return self.micro_batch_size or self.batch_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.batch_size // self.micro_batch
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.warmup * self.steps)

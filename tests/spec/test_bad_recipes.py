@@ -1,0 +1,112 @@
+"""Malformed recipes: `blockforge inspect` exits 2 with one line naming the file and the key path."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from blockforge.cli import main
+
+GOOD_MODEL = """\
+model:
+  family: llama
+  width: 64
+  depth: 4
+  heads: 4
+  ffn: 128
+  vocab: 100
+  context: 32
+"""
+
+# (name, recipe text, text the error line must contain). The file name is checked for every case.
+CASES = [
+    ("unknown top-level key", GOOD_MODEL + "trian: {steps: 3}\n", "trian"),
+    ("unknown model key", GOOD_MODEL + "  dpeth: 3\n", "model.dpeth"),
+    ("unknown placement", GOOD_MODEL + "  layers: {default: {placement: pst}}\n", "model.layers.default.placement"),
+    ("alpha above 1", GOOD_MODEL + "  layers: {mix_ln: {alpha: 1.5}}\n", "model.layers.mix_ln.alpha"),
+    ("alpha below 0", GOOD_MODEL + "  layers: {mix_ln: {alpha: -0.1}}\n", "model.layers.mix_ln.alpha"),
+    ("alpha missing", GOOD_MODEL + "  layers: {mix_ln: {early: post}}\n", "model.layers.mix_ln.alpha"),
+    ("heads not dividing width", GOOD_MODEL.replace("heads: 4", "heads: 5"), "model.heads"),
+    ("override heads not dividing width", GOOD_MODEL + "  layers: {overrides: [{at: 1, heads: 7}]}\n", "model.layers.overrides[0].heads"),
+    ("odd rotary head dim", GOOD_MODEL.replace("heads: 4", "heads: 64"), "model.heads"),
+    ("slice selecting nothing", GOOD_MODEL + "  layers: {overrides: [{at: '8:', placement: post}]}\n", "model.layers.overrides[0].at"),
+    ("index out of range", GOOD_MODEL + "  layers: {overrides: [{at: [0, 4], placement: post}]}\n", "model.layers.overrides[0].at[1]"),
+    ("at that is not an index", GOOD_MODEL + "  layers: {overrides: [{at: first, placement: post}]}\n", "model.layers.overrides[0].at"),
+    ("override setting nothing", GOOD_MODEL + "  layers: {overrides: [{at: 1}]}\n", "model.layers.overrides[0]"),
+    ("overrides not a list", GOOD_MODEL + "  layers: {overrides: {at: 1, ffn: 3}}\n", "model.layers.overrides"),
+    ("width of wrong type", GOOD_MODEL.replace("width: 64", "width: wide"), "model.width"),
+    ("depth given as boolean", GOOD_MODEL.replace("depth: 4", "depth: true"), "model.depth"),
+    ("family missing", GOOD_MODEL.replace("  family: llama\n", ""), "model.family"),
+    ("unknown family", GOOD_MODEL.replace("family: llama", "family: gpt"), "model.family"),
+    ("heads and head_dim both", GOOD_MODEL + "  head_dim: 16\n", "model.heads"),
+    ("no ffn", GOOD_MODEL.replace("  ffn: 128\n", ""), "model.ffn"),
+    ("vit key on llama", GOOD_MODEL + "  classes: 10\n", "model.classes"),
+    ("negative lr", GOOD_MODEL + "train: {lr: -1.0}\n", "train.lr"),
+    ("unknown optimizer", GOOD_MODEL + "train: {optimizer: sgdd}\n", "train.optimizer"),
+    ("batch not a multiple of micro batch", GOOD_MODEL + "train: {batch_size: 10, micro_batch_size: 4}\n", "train.micro_batch_size"),
+    ("unknown data source", GOOD_MODEL + "data: {source: c4}\n", "data.source"),
+    ("image source for llama", GOOD_MODEL + "data: {source: digits}\n", "data.source"),
+    ("text source without path", GOOD_MODEL + "data: {source: text}\n", "data.path"),
+    ("model is a list", "model: [1, 2]\n", "model"),
+    ("recipe is a scalar", "42\n", "mapping"),
+    ("no model section", "train: {steps: 3}\n", "model"),
+    ("YAML syntax error", GOOD_MODEL + "  layers: {default: [placement: pre\n", "line"),
+    ("base file missing", "base: nowhere.yaml\n" + GOOD_MODEL, "base"),
+    ("bad tab indentation", GOOD_MODEL + "\tdepth: 3\n", "YAML"),
+]
+
+
+@pytest.mark.parametrize("name,text,needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_recipe_is_one_line_exit_2(tmp_path, capsys, name, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code = main(["inspect", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(path) in lines[0]
+    assert needle in lines[0]
+    assert "Traceback" not in err and out == ""
+
+
+def test_at_least_fifteen_distinct_cases():
+    assert len({c[0] for c in CASES}) >= 15
+
+
+def test_missing_file(capsys):
+    assert main(["inspect", "does/not/exist.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does/not/exist.yaml" in err and "not found" in err
+
+
+def test_base_cycle(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n" + GOOD_MODEL)
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    assert main(["inspect", str(tmp_path / "a.yaml")]) == 2
+    assert "cycle" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assignment,needle", [("model.dpeth=3", "model.dpeth"), ("model.depth", "KEY=VALUE"), ("model.width.x=3", "model.width.x"), ("model.depth=deep", "model.depth")])
+def test_bad_set_flag(tmp_path, capsys, assignment, needle):
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD_MODEL)
+    assert main(["inspect", str(path), "--set", assignment]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and needle in err
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD_MODEL.replace("heads: 4", "heads: 5"))
+    done = subprocess.run([sys.executable, "-m", "blockforge", "inspect", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"{path}: model.heads: 5 heads do not divide width 64" in done.stderr
+
+
+def test_unknown_flag_is_one_line():
+    done = subprocess.run([sys.executable, "-m", "blockforge", "inspect", "x.yaml", "--frobnicate"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--frobnicate" in done.stderr

@@ -1,0 +1,35 @@
+"""The shipped recipes load, resolve and have the sizes they are named for."""
+
+from pathlib import Path
+
+import pytest
+
+import blockforge
+from blockforge.nn.build import parameter_count
+from blockforge.spec import load_recipe, resolve
+
+RECIPES = sorted(p for p in Path("recipes").glob("*.yaml"))
+
+# Nominal size -> parameters with untied embeddings (DESIGN.md), within 1%.
+SIZES = {"71m": 70.6e6, "130m": 134e6, "250m": 247e6, "1b": 1.34e9, "7b": 6.74e9}
+
+
+def test_recipes_exist():
+    names = {p.stem for p in RECIPES}
+    for size in SIZES:
+        assert {f"llama-{size}-pre", f"llama-{size}-post", f"llama-{size}-mix"} <= names
+    assert {"llama-7b-mix-0.0625", "vit-tiny-pre", "vit-tiny-mix", "vit-small-pre", "vit-small-mix"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_recipe_loads(path):
+    recipe = load_recipe(path)
+    spec = resolve(recipe.model)
+    model = blockforge.build_model(spec, device="meta")
+    size = next((s for s in SIZES if f"-{s}-" in path.name), None)
+    if size:
+        assert parameter_count(model) == pytest.approx(SIZES[size], rel=0.01)
+    if "-mix" in path.stem:
+        assert 0 < spec.post_ln_count() < spec.depth
+    if path.stem == "llama-7b-mix-0.0625":
+        assert spec.post_ln_count() == 2

@@ -1,0 +1,27 @@
+"""The `blockforge` command line: subcommands print what users read, and exit codes mean something."""
+
+import subprocess
+import sys
+
+from blockforge.cli import main
+
+
+def test_inspect_prints_per_layer_table_and_totals(capsys):
+    assert main(["inspect", "recipes/llama-tiny-mix.yaml", "--set", "model.depth=4", "--set", "model.layers.mix_ln.alpha=0.5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"]
+    rows = [line.split() for line in lines[2:6]]
+    assert [r[1] for r in rows] == ["post", "post", "pre", "pre"]
+    assert "parameters" in out and "arch hash" in out
+
+
+def test_inspect_paper_recipe_counts_parameters(capsys):
+    assert main(["inspect", "recipes/llama-7b-mix-0.0625.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "post x2, pre x30" in out and "6,738,415,616" in out
+
+
+def test_console_script_help():
+    done = subprocess.run([sys.executable, "-m", "blockforge", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "inspect" in done.stdout
