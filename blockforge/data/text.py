@@ -1,0 +1,303 @@
+"""Token batches for the language model: the in-memory and the streaming text dataset.
+
+A row holds seq_len + 1 tokens (inputs row[:-1], targets row[1:]). With `data.pack`, documents, each
+followed by the end-of-document id, are concatenated and cut into windows that overlap by one token,
+so every token is a target exactly once. Without it each document is one row, truncated or padded
+with `pad_id`; the loss must ignore targets equal to `pad_id` (the Mix-LN paper's C4 setup).
+
+TextDataset (builtin, text, downloaded hf) tokenizes its corpus once and caches the tokens as .npy,
+keyed by a hash of the corpus and the tokenizer; rows are reshuffled every epoch (batching.py).
+StreamingTextDataset (hf with `data.streaming`) tokenizes while it reads; every epoch reshuffles the
+stream (shard order and a buffer) with a seed derived from (seed, epoch). Resuming at batch k replays
+the stream from its start: unpacked, it skips k * batch_size documents without tokenizing them;
+packed, it has to tokenize them to know where the windows fall.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NamedTuple
+
+import numpy as np
+import torch
+
+from blockforge.data.batching import derived_seed, shuffled_batches
+from blockforge.data.config import DataConfig
+from blockforge.data.corpus import Corpus, hf_texts, load_corpus, open_hf_split, source_key, validation_score
+from blockforge.data.tokenizer import Tokenizer, build_tokenizer, check_token_ids
+from blockforge.errors import DataError
+from blockforge.io import atomic_write
+
+STREAM_SHUFFLE_BUFFER = 10_000  # documents
+# Streams have no end to count from: validation (when no limit is given) and the unigram counts read
+# this many tokens (the Mix-LN paper evaluates on ~10M C4 validation tokens).
+STREAM_SAMPLE_TOKENS = 10_000_000
+
+
+def build_text_dataset(
+    cfg: DataConfig, *, seq_len: int, vocab: int | None, seed: int, cache_dir: Path, run_dir: Path | None
+) -> TextDataset | StreamingTextDataset:
+    if cfg.source == "hf" and cfg.streaming:
+        dataset = StreamingTextDataset(cfg, seq_len=seq_len, vocab=vocab, seed=seed, cache_dir=cache_dir)
+    else:
+        corpus = load_corpus(cfg, cache_dir)
+        tokenizer = build_tokenizer(cfg.tokenizer, corpus.train, max_chars=cfg.bpe_train_chars, cache_dir=cache_dir, vocab=vocab)
+        dataset = TextDataset(
+            corpus, tokenizer, key=source_key(cfg), seq_len=seq_len, vocab=vocab, pack=cfg.pack, seed=seed, cache_dir=cache_dir
+        )
+    if run_dir is not None:
+        dataset.tokenizer.save(Path(run_dir) / "tokenizer")
+    return dataset
+
+
+# --- rows ---------------------------------------------------------------------------------------
+
+
+def packed_rows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """Windows tokens[i*seq_len : i*seq_len + seq_len + 1] as a (rows, seq_len + 1) view (no copy)."""
+    if len(tokens) <= seq_len:
+        return np.empty((0, seq_len + 1), dtype=tokens.dtype)
+    return np.lib.stride_tricks.sliding_window_view(tokens, seq_len + 1)[::seq_len]
+
+
+def stream_packed_rows(documents: Iterable[np.ndarray], seq_len: int) -> Iterator[np.ndarray]:
+    """The rows packed_rows gives for the concatenated documents, produced while reading them."""
+    buffer = None
+    for ids in documents:
+        buffer = ids if buffer is None else np.concatenate([buffer, ids])
+        rows = packed_rows(buffer, seq_len)
+        yield from rows
+        buffer = buffer[len(rows) * seq_len :]
+
+
+def padded_row(ids: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
+    """One document truncated or padded to seq_len + 1 tokens."""
+    row = np.full(seq_len + 1, pad_id, dtype=ids.dtype)
+    kept = ids[: seq_len + 1]
+    row[: len(kept)] = kept
+    return row
+
+
+def to_batch(rows: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
+    """Perplexity on val_tokens of token frequencies counted on train_tokens, add-one smoothed over the vocabulary."""
+    counts = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64)
+    log_probs = np.log(counts + 1.0) - np.log(len(train_tokens) + vocab_size)
+    return float(np.exp(-log_probs[val_tokens].mean()))
+
+
+# --- in memory ----------------------------------------------------------------------------------
+
+
+class TokenSplit(NamedTuple):
+    tokens: np.ndarray  # every document's ids, each followed by the end-of-document id
+    lengths: np.ndarray  # tokens per document, end-of-document id included
+
+    def documents(self) -> list[np.ndarray]:
+        return np.split(self.tokens, np.cumsum(self.lengths)[:-1])
+
+
+def tokenize(tokenizer: Tokenizer, texts: Iterable[str]) -> TokenSplit:
+    documents = list(tokenizer.encode_documents(texts))
+    return TokenSplit(np.concatenate(documents), np.array([len(ids) for ids in documents], dtype=np.int64))
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save would append .npy to a temp name
+            np.save(f, array)
+
+    atomic_write(path, write)
+
+
+def cached_tokens(corpus: Corpus, tokenizer: Tokenizer, cache_dir: Path) -> tuple[TokenSplit, TokenSplit]:
+    """The corpus tokenized, from cache_dir/tokens/<hash of corpus and tokenizer>/ when it is there."""
+    key = hashlib.sha256(f"{corpus.content_hash()}|{tokenizer.fingerprint}".encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / "tokens" / key
+    names = ("train", "val")
+    try:
+        return tuple(TokenSplit(*(np.load(folder / f"{name}-{part}.npy") for part in TokenSplit._fields)) for name in names)
+    except (OSError, ValueError):
+        splits = (tokenize(tokenizer, corpus.train), tokenize(tokenizer, corpus.val))
+        for name, split in zip(names, splits):
+            for part, array in zip(TokenSplit._fields, split):
+                save_npy(folder / f"{name}-{part}.npy", array)
+        return splits
+
+
+class TextDataset:
+    """A tokenized corpus in memory: rows shuffled per epoch, validation rows in a fixed order."""
+
+    kind = "text"
+
+    def __init__(
+        self, corpus: Corpus, tokenizer: Tokenizer, *,
+        key: str, seq_len: int, vocab: int | None, pack: bool, seed: int, cache_dir: Path,
+    ):
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.seed = seed
+        self.pad_id = None if pack else tokenizer.pad_id
+        self.train, self.val = cached_tokens(corpus, tokenizer, cache_dir)
+        check_token_ids(max(int(self.train.tokens.max()), int(self.val.tokens.max()), self.pad_id or 0), vocab, tokenizer)
+        self.train_rows = self._rows(self.train, f"{key}: the training split", "add text or lower model.context")
+        self.val_rows = self._rows(self.val, f"{key}: the validation split", "raise data.val_fraction or lower model.context")
+        self.info = {**corpus.info, "documents": {"train": len(corpus.train), "val": len(corpus.val)}}
+
+    def _rows(self, split: TokenSplit, what: str, fix: str) -> np.ndarray:
+        if self.pad_id is None:
+            rows = packed_rows(split.tokens, self.seq_len)
+        else:
+            rows = np.stack([padded_row(ids, self.seq_len, self.pad_id) for ids in split.documents()])
+        if len(rows) == 0:
+            raise DataError(
+                f"{what} has {len(split.tokens)} tokens, fewer than one row of model.context + 1 = {self.seq_len + 1}; {fix}"
+            )
+        return rows
+
+    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[torch.Tensor]:
+        for _, indices in shuffled_batches(len(self.train_rows), batch_size, self.seed, start):
+            yield to_batch(self.train_rows[indices])
+
+    def val_batches(self, batch_size: int, limit: int | None = None) -> list[torch.Tensor]:
+        starts = range(0, len(self.val_rows), batch_size)[:limit]
+        return [to_batch(self.val_rows[i : i + batch_size]) for i in starts]
+
+    def unigram_perplexity(self) -> float:
+        return unigram_perplexity(self.train.tokens, self.val.tokens, self.tokenizer.vocab_size)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.info,
+            "tokens": {"train": len(self.train.tokens), "val": len(self.val.tokens)},
+            "rows": {"train": len(self.train_rows), "val": len(self.val_rows)},
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": self.tokenizer.vocab_size,
+            "seq_len": self.seq_len,
+            "pack": self.pad_id is None,
+        }
+
+
+# --- streaming ----------------------------------------------------------------------------------
+
+
+def take_tokens(documents: Iterable[np.ndarray], max_tokens: int) -> Iterator[np.ndarray]:
+    """Documents, in order, until max_tokens tokens have been given."""
+    total = 0
+    for ids in documents:
+        if total >= max_tokens:
+            return
+        total += len(ids)
+        yield ids
+
+
+class StreamingTextDataset:
+    """A `datasets` stream (such as C4), tokenized while it is read."""
+
+    kind = "text"
+
+    def __init__(self, cfg: DataConfig, *, seq_len: int, vocab: int | None, seed: int, cache_dir: Path):
+        self.cfg = cfg
+        self.seq_len = seq_len
+        self.vocab = vocab
+        self.seed = seed
+        self._train = open_hf_split(cfg, cfg.split, streaming=True)
+        self._val = self._train if cfg.val_split is None else open_hf_split(cfg, cfg.val_split, streaming=True)
+        first_texts = self._texts(self._train, validation=False)  # a BPE trains on the start of the stream
+        self.tokenizer = build_tokenizer(
+            cfg.tokenizer, first_texts, max_chars=cfg.bpe_train_chars, cache_dir=cache_dir, vocab=vocab
+        )
+        self.pad_id = None if cfg.pack else self.tokenizer.pad_id
+        if self.pad_id is not None:
+            check_token_ids(self.pad_id, vocab, self.tokenizer)
+        self._val_rows: list[np.ndarray] = []  # the fixed validation rows read so far
+        self._more_val_rows = self._rows(self._val_documents())
+
+    def _texts(self, stream, *, validation: bool) -> Iterator[str]:
+        """Texts of a stream; without a validation split, those on `validation`'s side of the hash split."""
+        texts = hf_texts(stream, self.cfg)
+        if self.cfg.val_split is not None:
+            return texts
+        return (text for text in texts if (validation_score(text) < self.cfg.val_fraction) == validation)
+
+    def _encode(self, texts: Iterable[str]) -> Iterator[np.ndarray]:
+        for ids in self.tokenizer.encode_documents(texts):
+            check_token_ids(int(ids.max()), self.vocab, self.tokenizer)
+            yield ids
+
+    def _rows(self, documents: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        if self.pad_id is None:
+            return stream_packed_rows(documents, self.seq_len)
+        return (padded_row(ids, self.seq_len, self.pad_id) for ids in documents)
+
+    def _val_documents(self) -> Iterator[np.ndarray]:
+        return take_tokens(self._encode(self._texts(self._val, validation=True)), STREAM_SAMPLE_TOKENS)
+
+    def _training_texts(self) -> Iterator[str]:
+        """Endless: epoch after epoch of the training stream, each shuffled with its own seed."""
+        for epoch in itertools.count():
+            shuffled = self._train.shuffle(seed=derived_seed(self.seed, epoch), buffer_size=STREAM_SHUFFLE_BUFFER)
+            empty = True
+            for text in self._texts(shuffled, validation=False):
+                empty = False
+                yield text
+            if empty:
+                raise DataError(
+                    f"data.split: split {self.cfg.split!r} of {self.cfg.dataset!r} has no training documents; "
+                    "check data.split and data.text_field"
+                )
+
+    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[torch.Tensor]:
+        skipped = start * batch_size
+        if self.pad_id is None:
+            rows = itertools.islice(self._rows(self._encode(self._training_texts())), skipped, None)
+        else:  # one row per document: skip documents before tokenizing
+            rows = self._rows(self._encode(itertools.islice(self._training_texts(), skipped, None)))
+        while True:
+            yield to_batch(np.stack(list(itertools.islice(rows, batch_size))))
+
+    def val_batches(self, batch_size: int, limit: int | None = None) -> list[torch.Tensor]:
+        """The first rows of the validation stream: the same rows on every call."""
+        wanted = None if limit is None else batch_size * limit
+        while wanted is None or len(self._val_rows) < wanted:
+            row = next(self._more_val_rows, None)
+            if row is None:
+                break
+            self._val_rows.append(row)
+        rows = self._val_rows[:wanted]
+        if not rows and self.cfg.val_split is None:
+            raise DataError(
+                f"data.val_fraction: no document of split {self.cfg.split!r} of {self.cfg.dataset!r} falls in the "
+                f"{self.cfg.val_fraction} hash hold-out; raise data.val_fraction or name a data.val_split"
+            )
+        if not rows:
+            raise DataError(
+                f"data.val_split: split {self.cfg.val_split!r} of {self.cfg.dataset!r} has no text; choose a split with text"
+            )
+        return [to_batch(np.stack(rows[i : i + batch_size])) for i in range(0, len(rows), batch_size)]
+
+    def unigram_perplexity(self) -> float:
+        """Counts from the first STREAM_SAMPLE_TOKENS training tokens (in stream order), on the validation tokens."""
+        train = np.concatenate(list(take_tokens(self._encode(self._texts(self._train, validation=False)), STREAM_SAMPLE_TOKENS)))
+        val = np.concatenate(list(self._val_documents()))
+        return unigram_perplexity(train, val, self.tokenizer.vocab_size)
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "source": "hf",
+            "dataset": cfg.dataset,
+            "name": cfg.name,
+            "split": cfg.split,
+            "val_split": cfg.val_split,
+            "streaming": True,
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": self.tokenizer.vocab_size,
+            "seq_len": self.seq_len,
+            "pack": self.pad_id is None,
+        }

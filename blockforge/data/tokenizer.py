@@ -1,0 +1,178 @@
+"""Tokenizers: a byte-level BPE trained on the training split, or a Hugging Face tokenizer used offline.
+
+Both are held as a `transformers` tokenizer, so `save` writes the standard files (tokenizer.json,
+tokenizer_config.json) and `load_tokenizer` or `transformers.AutoTokenizer` reads them back. Documents
+are encoded without the tokenizer's own special tokens (special-token text inside a document is split
+like any other text) and each is followed by the end-of-document id, so that id only ever marks a
+boundary between documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from blockforge.data.config import TokenizerConfig
+from blockforge.data.corpus import text_hash
+from blockforge.errors import DataError
+from blockforge.io import atomic_write
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+# Part of the BPE cache key: a change to how the BPE is built must not reuse old files.
+BPE_RECIPE = f"byte-level bpe, no prefix space, specials {EOS_TOKEN} {PAD_TOKEN}"
+ENCODE_CHUNK = 256  # documents per call into the (multi-threaded) tokenizer
+
+
+class Tokenizer:
+    """A `transformers` tokenizer plus the ids the data pipeline relies on."""
+
+    def __init__(self, hf, name: str):
+        self.hf = hf
+        self.name = name  # for logs and model cards: "bpe-4096", "t5-base", a folder
+        self.eos_id = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+        if self.eos_id is None:
+            raise DataError(
+                f"data.tokenizer: tokenizer {name!r} has no end-of-text (eos or sep) token to separate documents; choose another"
+            )
+        # Without a pad token, unpacked rows are padded with eos (its targets are then masked as well).
+        self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)  # includes added tokens (for t5-base: 32,100)
+
+    @property
+    def dtype(self) -> type:
+        return np.uint16 if self.vocab_size <= 2**16 else np.uint32
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of everything that decides the ids (part of token cache keys)."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        identity = backend.to_str() if backend is not None else f"{self.hf.name_or_path}|{self.vocab_size}"
+        return hashlib.sha256(f"{identity}|eos {self.eos_id}|pad {self.pad_id}".encode()).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode_batch([text])[0]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids))
+
+    def encode_documents(self, texts: Iterable[str]) -> Iterator[np.ndarray]:
+        """Each document's ids followed by the end-of-document id."""
+        texts = iter(texts)
+        while chunk := list(itertools.islice(texts, ENCODE_CHUNK)):
+            for ids in self._encode_batch(chunk):
+                yield np.array(ids + [self.eos_id], dtype=self.dtype)
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.hf(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+
+    def save(self, directory: str | Path) -> None:
+        """Write the tokenizer files into `directory`, each one atomically."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self.hf.save_pretrained(tmp)
+            for file in sorted(Path(tmp).iterdir()):
+                atomic_write(Path(directory) / file.name, lambda out, file=file: shutil.copyfile(file, out))
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """The tokenizer that `Tokenizer.save` wrote into `directory` (a run or export folder)."""
+    directory = Path(directory)
+    if not (directory / "tokenizer_config.json").is_file():
+        raise DataError(
+            f"{directory}: no saved tokenizer here (tokenizer_config.json is missing); "
+            "give the folder a run or an export wrote it to"
+        )
+    try:
+        hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as err:
+        raise DataError(f"{directory}: the saved tokenizer cannot be read ({type(err).__name__}: {err}); save it again") from None
+    return Tokenizer(hf, str(directory))
+
+
+def build_tokenizer(
+    cfg: TokenizerConfig, training_texts: Iterable[str], *, max_chars: int, cache_dir: Path, vocab: int | None
+) -> Tokenizer:
+    """The tokenizer `data.tokenizer` asks for; a BPE reads at most `max_chars` of `training_texts`."""
+    if cfg.hf is not None:
+        return load_hf_tokenizer(cfg.hf)
+    if vocab is not None and cfg.bpe > vocab:
+        raise DataError(
+            f"data.tokenizer.bpe: a vocabulary of {cfg.bpe} tokens does not fit model.vocab {vocab}; "
+            f"set data.tokenizer.bpe to at most {vocab} or raise model.vocab"
+        )
+    return bpe_tokenizer(take_chars(training_texts, max_chars), cfg.bpe, cache_dir)
+
+
+def take_chars(texts: Iterable[str], max_chars: int) -> list[str]:
+    """Whole texts, in order, while their total length stays within max_chars (at least one)."""
+    taken, total = [], 0
+    for text in texts:
+        if taken and total + len(text) > max_chars:
+            break
+        taken.append(text)
+        total += len(text)
+    return taken
+
+
+def bpe_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> Tokenizer:
+    """A byte-level BPE trained on `texts`, cached by a hash of (texts, vocab_size, recipe)."""
+    key = hashlib.sha256(f"{BPE_RECIPE}|{vocab_size}|{text_hash(texts)}".encode()).hexdigest()[:16]
+    path = Path(cache_dir) / "tokenizers" / f"bpe{vocab_size}-{key}.json"
+    if path.is_file():
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    else:
+        backend = train_bpe(texts, vocab_size)
+        atomic_write(path, lambda tmp: backend.save(tmp))
+    return wrap_bpe(backend, f"bpe-{vocab_size}")
+
+
+def train_bpe(texts: list[str], vocab_size: int) -> tokenizers.Tokenizer:
+    """Byte-level BPE: every byte is a token, so any text encodes and decodes back exactly."""
+    backend = tokenizers.Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer, length=len(texts))
+    return backend
+
+
+def wrap_bpe(backend: tokenizers.Tokenizer, name: str) -> Tokenizer:
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN), name)
+
+
+def load_hf_tokenizer(name: str) -> Tokenizer:
+    """A Hugging Face tokenizer from a local folder or the local HF cache; never downloads (fails fast)."""
+    try:
+        hf = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception:
+        raise DataError(
+            f"data.tokenizer.hf: tokenizer {name!r} is not available offline (neither a local folder nor in the "
+            f"Hugging Face cache); download it once with `hf download {name}` or use data.tokenizer: {{bpe: N}}"
+        ) from None
+    return Tokenizer(hf, name)
+
+
+def check_token_ids(max_id: int, vocab: int | None, tokenizer: Tokenizer) -> None:
+    """Every id that occurs must index the model's embedding; unused ids beyond it do not matter."""
+    if vocab is not None and max_id >= vocab:
+        raise DataError(
+            f"data.tokenizer: {tokenizer.name} produced token id {max_id} (vocabulary {tokenizer.vocab_size}) "
+            f"but model.vocab is {vocab}; raise model.vocab to at least {max_id + 1} or choose a smaller tokenizer"
+        )
