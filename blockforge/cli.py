@@ -72,6 +72,67 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_metrics(metrics: dict | None) -> str:
+    if not metrics:
+        return "no metrics"
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from blockforge.spec import load_recipe
+    from blockforge.train.loop import EXIT_DIVERGED, Trainer
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.recipe).stem
+    trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
+    result = trainer.run()
+    if not trainer.world.is_main:
+        return 0
+    if result.status == "diverged":
+        print(f"blockforge: {result.message} (run folder {out})", file=sys.stderr)
+        return EXIT_DIVERGED
+    print(f"{result.status} at step {result.step}: {_format_metrics(result.metrics)}")
+    print(f"run folder: {out}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from blockforge.data import build_dataset
+    from blockforge.export import load
+    from blockforge.spec.recipe import read_yaml, recipe_from_data
+    from blockforge.train.loop import cache_dir, evaluate, pick_device
+
+    folder = Path(args.dir)
+    model = load(folder)
+    if not (folder / "recipe.yaml").exists():
+        from blockforge.errors import BlockforgeError
+
+        raise BlockforgeError(f"{folder}: recipe.yaml is missing, so the evaluation data is unknown")
+    recipe = recipe_from_data(read_yaml(folder / "recipe.yaml"), file=str(folder / "recipe.yaml"))
+    spec = model.spec
+    device = pick_device(args.device)
+    data = build_dataset(
+        recipe.data, family=spec.family, seq_len=spec.context, vocab=spec.vocab, image_size=spec.image_size,
+        channels=spec.channels, classes=spec.classes, seed=recipe.train.seed, cache_dir=cache_dir(),
+    )
+    batches = data.val_batches(recipe.train.micro_batch, args.batches or recipe.train.eval_batches)
+    metrics = evaluate(model.to(device), batches, data.kind, device, recipe.train.precision, getattr(data, "pad_id", None))
+    print(_format_metrics(metrics))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from blockforge.export import export_run
+
+    out = export_run(args.run, args.out)
+    print(f"exported to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="blockforge", description=__doc__.splitlines()[0])
     from blockforge import __version__
@@ -83,6 +144,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="a recipe YAML file")
     _add_set(p)
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("train", help="train a recipe into a run folder")
+    p.add_argument("recipe", help="a recipe YAML file")
+    _add_set(p)
+    p.add_argument("--out", help="the run folder (default: runs/<recipe name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="validation loss/perplexity (LM) or accuracy (vit) of a run or export")
+    p.add_argument("dir", help="a run folder or an exported model folder")
+    p.add_argument("--batches", type=int, help="validation micro-batches (default: the recipe's train.eval_batches)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export", help="turn a run into an exported model (safetensors + spec + card)")
+    p.add_argument("run", help="a run folder")
+    p.add_argument("--out", required=True, help="the export folder")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

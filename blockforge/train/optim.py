@@ -1,0 +1,57 @@
+"""Optimizer with per-layer parameter groups (the resolved spec's lr_mult) and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from blockforge.spec.model import ResolvedSpec
+from blockforge.train.config import TrainConfig
+
+
+def parameter_groups(model: nn.Module, spec: ResolvedSpec, weight_decay: float) -> list[dict]:
+    """One group per distinct lr_mult, found by walking model.layers[i] beside spec.layers[i].
+
+    Parameters outside the blocks (embeddings, final norm, head) keep lr_mult 1. Weight decay applies
+    to matrices only (not norms, biases, positions or class tokens).
+    """
+    multiplier: dict[int, float] = {}
+    for block, layer in zip(model.layers, spec.layers, strict=True):
+        for p in block.parameters():
+            multiplier[id(p)] = layer.lr_mult
+    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        decay = weight_decay if p.ndim >= 2 and "pos_embed" not in name and "cls_token" not in name else 0.0
+        groups.setdefault((multiplier.get(id(p), 1.0), decay), []).append(p)
+    return [{"params": params, "lr_mult": mult, "weight_decay": decay} for (mult, decay), params in sorted(groups.items())]
+
+
+def make_optimizer(model: nn.Module, spec: ResolvedSpec, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, spec, cfg.weight_decay if cfg.optimizer == "adamw" else 0.0)
+    kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    fused = device.type == "cuda"
+    return kind(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Peak-lr schedule at 0-based `step`: linear warmup, then cosine/linear decay to lr * min_lr_ratio."""
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    if cfg.schedule == "constant":
+        return cfg.lr
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    progress = min(1.0, progress)
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1.0 - progress
+    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_mult"]

@@ -1,0 +1,137 @@
+"""Training runs: determinism, exact resume after SIGKILL, export round trip, divergence, bad inputs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import blockforge
+from blockforge.cli import main
+from blockforge.export import export_run, load
+from blockforge.spec import load_recipe
+from blockforge.train.loop import EXIT_DIVERGED, train
+
+
+def losses(run: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [r for r in lines if r["event"] == "train"]
+    steps = [r["step"] for r in train_lines]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["loss"] for r in train_lines}
+
+
+def test_same_seed_same_losses_and_learning(tmp_path, recipe_file):
+    recipe = load_recipe(recipe_file())
+    a = train(recipe, tmp_path / "a", progress=False)
+    b = train(recipe, tmp_path / "b", progress=False)
+    assert a.status == b.status == "completed" and a.step == 30
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    first, last = losses(tmp_path / "a")[1], losses(tmp_path / "a")[30]
+    assert last < first - 1.0  # it learns
+    assert a.metrics["val_ppl"] == pytest.approx(torch.tensor(a.metrics["val_loss"]).exp().item(), rel=1e-5)
+    result = json.loads((tmp_path / "a" / "result.json").read_text())
+    assert result["status"] == "completed" and result["step"] == 30
+    layer_lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines() if "layer_grad_norms" in x]
+    assert [r["step"] for r in layer_lines] == [5, 10, 15, 20, 25, 30] and len(layer_lines[0]["layer_grad_norms"]) == 2
+
+
+def test_resume_after_sigkill_gives_the_same_curve(tmp_path, recipe_file):
+    path = recipe_file(steps=400, checkpoint_every=10, eval_every=100)
+    reference = train(load_recipe(path), tmp_path / "reference", progress=False)
+    assert reference.status == "completed"
+
+    run = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    proc = subprocess.Popen([sys.executable, "-m", "blockforge", "train", str(path), "--out", str(run), "--no-progress"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pointer = run / "checkpoints" / "latest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if pointer.exists() and json.loads(pointer.read_text())["step"] >= 30:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(pointer.read_text())["step"]
+    assert 30 <= killed_at < 400, "the run was not killed mid-way"
+    assert not (run / "result.json").exists()
+
+    resumed = train(load_recipe(path), run, resume=True, progress=False)
+    assert resumed.status == "completed"
+    assert losses(run) == losses(tmp_path / "reference")
+    assert resumed.metrics["val_loss"] == reference.metrics["val_loss"]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_load_gives_identical_logits(tmp_path, recipe_file, tied):
+    recipe = load_recipe(recipe_file(steps=10), [("model.tie_embeddings", tied)])
+    trainer_result = train(recipe, tmp_path / "run", progress=False)
+    out = export_run(tmp_path / "run", tmp_path / "export")
+    for name in ("model.safetensors", "spec.yaml", "recipe.yaml", "metrics.json", "README.md"):
+        assert (out / name).exists(), name
+    run_model = load(tmp_path / "run")
+    exported = blockforge.export.load(out)
+    assert exported.spec.tie_embeddings == tied and not exported.training
+    if tied:
+        assert exported.head.weight is exported.embed.weight
+    tokens = torch.randint(0, 300, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(run_model(tokens), exported(tokens))
+    card = (out / "README.md").read_text()
+    assert "| 0 | post |" in card and "val_loss" in card
+    assert json.loads((out / "metrics.json").read_text())["val_loss"] == trainer_result.metrics["val_loss"]
+
+
+def test_deep_post_ln_run_is_reported_as_diverged(tmp_path, recipe_file, capsys):
+    path = recipe_file(steps=60, warmup=0.0, lr=0.5, eval_every=0)
+    code = main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress",
+                 "--set", "model.depth=16", "--set", "model.layers.default.placement=post", "--set", "model.layers.mix_ln.alpha=1.0"])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_DIVERGED
+    assert err.count("\n") == 0 and "diverged at step" in err and "Traceback" not in err
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "diverged"
+
+
+def _one_line_failure(argv, capsys, needle):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert needle in err, err
+
+
+def test_missing_text_path(tmp_path, recipe_file, capsys):
+    _one_line_failure(["train", str(recipe_file()), "--out", str(tmp_path / "r"), "--set", "data.path=/nowhere/*.txt"], capsys, "data.path")
+
+
+def test_unknown_tokenizer(tmp_path, recipe_file, capsys):
+    _one_line_failure(["train", str(recipe_file()), "--out", str(tmp_path / "r"), "--set", "data.tokenizer={hf: no-such/tokenizer}"], capsys, "data.tokenizer")
+
+
+def test_unwritable_output_dir(tmp_path, recipe_file, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    _one_line_failure(["train", str(recipe_file()), "--out", str(blocker / "run")], capsys, "cannot write")
+
+
+def test_existing_run_needs_resume(tmp_path, recipe_file, capsys):
+    path = recipe_file(steps=5)
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    capsys.readouterr()
+    _one_line_failure(["train", str(path), "--out", str(tmp_path / "run")], capsys, "--resume")
+
+
+def test_eval_and_export_commands(tmp_path, recipe_file, capsys):
+    path = recipe_file(steps=5)
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "export")]) == 0
+    assert "val_loss" in capsys.readouterr().out
+    _one_line_failure(["eval", str(tmp_path / "nowhere")], capsys, "nowhere")
