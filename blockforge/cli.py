@@ -48,6 +48,12 @@ def human_count(n: int) -> str:
     return str(n)
 
 
+def parse_assignment(text: str):
+    from blockforge.spec import parse_assignment as parse
+
+    return parse(text)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
     from blockforge.spec import load_recipe, resolve
@@ -126,10 +132,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from blockforge.export import export_run
 
-    out = export_run(args.run, args.out)
+    source = Path(args.source)
+    if (source / "search.json").exists():
+        from blockforge.search.best import export_best
+
+        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress)
+    else:
+        if args.cell or args.retrain:
+            from blockforge.errors import BlockforgeError
+
+            raise BlockforgeError(f"{source}: --cell and --retrain apply to a search folder, and this is not one (no search.json)")
+        out = export_run(source, args.out)
     print(f"exported to {out}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from blockforge.search.driver import run_search
+
+    outcome = run_search(args.file, out=args.out, address=args.address, resume=args.resume, max_concurrent=args.max_concurrent,
+                         overrides=[parse_assignment(a) for a in args.overrides])
+    print()
+    print(outcome.summary)
+    print(f"\nsearch folder: {outcome.search_dir} (summary.md, results.csv, best/, plots)")
     return 0
 
 
@@ -159,9 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("export", help="turn a run into an exported model (safetensors + spec + card)")
-    p.add_argument("run", help="a run folder")
+    p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
+    p.add_argument("file", help="a search YAML file (see searches/)")
+    p.add_argument("--out", help="the search folder (default: runs/search-<name>)")
+    p.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port); default: start a local Ray")
+    p.add_argument("--resume", action="store_true", help="continue the search in --out")
+    p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as resources allow)")
+    _add_set(p)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("export", help="export a run, or the best trial of a search cell, as a model (safetensors + spec + card)")
+    p.add_argument("source", help="a run folder or a search folder")
     p.add_argument("--out", required=True, help="the export folder")
+    p.add_argument("--cell", help="search folders: the cell, e.g. depth=12,width=256 (needed when there are several)")
+    p.add_argument("--retrain", action="store_true", help="search folders: train the best spec to the full budget first")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
     p.set_defaults(func=cmd_export)
     return parser
 

@@ -1,0 +1,295 @@
+"""Search files: a base recipe, cells, a per-cell space, baselines, objective, scheduler, sampler.
+
+A search file is strict YAML like a recipe. Loading it validates every dotted key against the recipe
+schema and resolves every cell with every baseline, so a bad search fails before Ray starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blockforge.errors import SpecError
+from blockforge.spec.recipe import apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data, Recipe
+from blockforge.spec.strict import choice, parse, to_plain
+
+METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
+
+
+@dataclass(kw_only=True)
+class Objective:
+    metric: str = choice(*METRICS, default="val_loss")
+    mode: str | None = choice("min", "max", default=None)  # default: the metric's natural direction
+
+    def check(self, path: str) -> None:
+        if self.mode is None:
+            self.mode = METRICS[self.metric]
+
+
+@dataclass(kw_only=True)
+class Asha:
+    grace_steps: int = 50
+    reduction_factor: float = 3.0
+
+    def check(self, path: str) -> None:
+        if self.grace_steps < 1:
+            raise SpecError(f"must be at least 1, not {self.grace_steps}", path=f"{path}.grace_steps")
+        if self.reduction_factor <= 1:
+            raise SpecError(f"must be greater than 1, not {self.reduction_factor}", path=f"{path}.reduction_factor")
+
+
+@dataclass(kw_only=True)
+class Scheduler:
+    asha: Asha | None = None
+
+
+@dataclass(kw_only=True)
+class SeededSampler:
+    seed: int = 0
+    startup_trials: int = 3  # tpe only: random trials (baselines included) before the model takes over
+
+
+@dataclass(kw_only=True)
+class Sampler:
+    tpe: SeededSampler | None = None
+    random: SeededSampler | None = None
+    grid: dict[str, Any] | None = None
+
+    def check(self, path: str) -> None:
+        chosen = [name for name in ("tpe", "random", "grid") if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise SpecError("give exactly one of tpe, random, grid (e.g. sampler: {tpe: {seed: 0}})", path=path)
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("tpe", "random", "grid") if getattr(self, name) is not None)
+
+
+@dataclass(kw_only=True)
+class Divergence:
+    max_loss: float | None = None  # the training loss ceiling after warmup (train.divergence.max_loss)
+    penalty: float | None = None  # the objective recorded for a diverged trial (default: a value worse than any)
+
+
+@dataclass(kw_only=True)
+class Resources:
+    cpu: float = 1.0
+    gpu: float = 0.0
+
+    def check(self, path: str) -> None:
+        if self.cpu <= 0:
+            raise SpecError(f"must be greater than zero, not {self.cpu}", path=f"{path}.cpu")
+        if self.gpu < 0:
+            raise SpecError(f"must be zero or more, not {self.gpu}", path=f"{path}.gpu")
+
+
+@dataclass(kw_only=True)
+class SearchFile:
+    base: str = field(metadata={"help": "the base recipe, relative to the search file"})
+    name: str | None = None
+    steps: int | None = None  # the step budget of a full trial (sets train.steps)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    cells: dict[str, list[Any]] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+    trials_per_cell: int | None = None  # default: 8, or the grid size with the grid sampler
+    objective: Objective = field(default_factory=Objective)
+    scheduler: Scheduler | None = None
+    sampler: Sampler = field(default_factory=lambda: Sampler(tpe=SeededSampler()))
+    divergence: Divergence = field(default_factory=Divergence)
+    resources: Resources = field(default_factory=Resources)
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched key: its distribution and arguments."""
+
+    key: str
+    kind: str  # uniform | loguniform | int | choice | grid
+    args: tuple
+
+    def optuna(self):
+        import optuna.distributions as d
+
+        if self.kind == "uniform":
+            return d.FloatDistribution(*self.args)
+        if self.kind == "loguniform":
+            return d.FloatDistribution(*self.args, log=True)
+        if self.kind == "int":
+            return d.IntDistribution(*self.args)
+        return d.CategoricalDistribution(self.args)
+
+
+def _parse_dimension(key: str, value: Any, path: str) -> Dimension:
+    if not isinstance(value, dict) or len(value) != 1:
+        raise SpecError(f"must be one mapping like {{uniform: [0.0, 0.5]}}; kinds: {', '.join(DISTRIBUTIONS)}", path=path)
+    (kind, args), = value.items()
+    if kind not in DISTRIBUTIONS:
+        raise SpecError(f"unknown distribution '{kind}'; choose one of: {', '.join(DISTRIBUTIONS)}", path=path)
+    if not isinstance(args, list) or not args:
+        raise SpecError(f"{kind} takes a list, e.g. {kind}: [0.0, 0.5]", path=f"{path}.{kind}")
+    if kind in ("uniform", "loguniform", "int"):
+        number = int if kind == "int" else (int, float)
+        if len(args) != 2 or not all(isinstance(a, number) and not isinstance(a, bool) for a in args):
+            raise SpecError(f"takes two {'integers' if kind == 'int' else 'numbers'} [low, high]", path=f"{path}.{kind}")
+        low, high = args
+        if not low < high:
+            raise SpecError(f"low {low} must be below high {high}", path=f"{path}.{kind}")
+        if kind == "loguniform" and low <= 0:
+            raise SpecError(f"low must be above zero for a log scale, not {low}", path=f"{path}.{kind}")
+        args = [float(low), float(high)] if kind != "int" else args
+    elif len(set(map(json.dumps, args))) != len(args):
+        raise SpecError("lists the same value twice", path=f"{path}.{kind}")
+    return Dimension(key, kind, tuple(args))
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    """'depth=4,width=64' from {'model.depth': 4, 'model.width': 64}; 'all' when there are no cells."""
+    if not cell:
+        return "all"
+    return ",".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in cell.items())
+
+
+def trial_identity(recipe: Recipe) -> str:
+    """A trial's identity: its resolved architecture plus training and data settings (what decides its result)."""
+    from blockforge.spec.resolve import resolve
+
+    plain = {"arch": resolve(recipe.model).arch_hash(), "train": to_plain(recipe.train), "data": to_plain(recipe.data)}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class SearchPlan:
+    """A validated search: everything the driver, the searcher and the trials need, as plain data."""
+
+    file: str
+    name: str
+    base_data: dict
+    overrides: list[tuple[str, Any]]
+    cells: list[dict[str, Any]]
+    dimensions: list[Dimension]
+    baselines: list[dict[str, Any]]
+    trials_per_cell: int
+    metric: str
+    mode: str
+    penalty: float
+    asha: Asha | None
+    sampler: Sampler
+    resources: Resources
+    max_concurrent: int | None
+    steps: int
+    eval_every: int
+
+    def cell_names(self) -> list[str]:
+        return [cell_name(c) for c in self.cells]
+
+    def cell(self, name: str) -> dict[str, Any]:
+        return self.cells[self.cell_names().index(name)]
+
+    def trial_overrides(self, cell: dict[str, Any], params: dict[str, Any]) -> list[tuple[str, Any]]:
+        return self.overrides + list(cell.items()) + list(params.items())
+
+    def recipe(self, overrides: list[tuple[str, Any]]) -> Recipe:
+        return recipe_from_data(apply_overrides(self.base_data, overrides), file=self.file)
+
+    def fingerprint(self) -> str:
+        plain = {k: v for k, v in self.__dict__.items() if k not in ("file", "max_concurrent")}
+        return hashlib.sha256(json.dumps(to_plain(plain), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None) -> SearchPlan:
+    """Read, validate and pre-flight a search file; any problem is one SpecError naming the key path."""
+    try:
+        return _load_search(Path(path), overrides)
+    except SpecError as err:
+        raise err.located(str(path)) from None
+
+
+def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchPlan:
+    spec = parse(SearchFile, read_yaml(path))
+
+    def fail(message: str, where: str) -> SpecError:
+        return SpecError(message, path=where, file=str(path))
+
+    base_path = path.parent / spec.base
+    if not base_path.is_file():
+        raise fail(f"base recipe '{spec.base}' not found next to the search file ({base_path})", "base")
+    base_data = read_composed(base_path)
+
+    def checked(key: str, where: str) -> str:
+        try:
+            check_dotted_key(Recipe, key)
+        except SpecError as err:
+            raise fail(err.message, where) from None
+        return key
+
+    fixed = [(checked(k, f"overrides.{k}"), v) for k, v in spec.overrides.items()] + list(overrides or [])
+    if spec.steps is not None:
+        fixed.append(("train.steps", spec.steps))
+    if spec.divergence.max_loss is not None:
+        fixed.append(("train.divergence.max_loss", spec.divergence.max_loss))
+    for key, values in spec.cells.items():
+        checked(key, f"cells.{key}")
+        if not values:
+            raise fail("lists no values", f"cells.{key}")
+    dimensions = [_parse_dimension(checked(k, f"space.{k}"), v, f"space.{k}") for k, v in spec.space.items()]
+    if not dimensions:
+        raise fail("is empty: name at least one key to search, e.g. model.layers.mix_ln.alpha: {uniform: [0.0, 0.5]}", "space")
+    for i, baseline in enumerate(spec.baselines):
+        for key in baseline:
+            checked(key, f"baselines[{i}].{key}")
+        missing = [d.key for d in dimensions if d.key not in baseline]
+        if missing:
+            raise fail(f"must set every searched key; missing {', '.join(missing)}", f"baselines[{i}]")
+
+    sampler = spec.sampler
+    grid_size = None
+    if sampler.kind == "grid":
+        not_grid = [d.key for d in dimensions if d.kind not in ("grid", "choice")]
+        if not_grid:
+            raise fail(f"the grid sampler needs grid or choice values; {', '.join(not_grid)} is not", "sampler.grid")
+        grid_size = math.prod(len(d.args) for d in dimensions)
+    elif any(d.kind == "grid" for d in dimensions):
+        raise fail("grid values need sampler: {grid: {}}; use choice for tpe or random", "space")
+    trials = spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
+    if trials < 1:
+        raise fail(f"must be at least 1, not {trials}", "trials_per_cell")
+
+    cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
+    # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
+    probes = [{}] + spec.baselines
+    steps = eval_every = None
+    for cell in cells:
+        for probe in probes:
+            try:
+                recipe = recipe_from_data(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), file=str(base_path))
+            except SpecError as err:
+                where = f"cell {cell_name(cell)}" + (f" with baseline {probe}" if probe else "")
+                raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
+            steps, eval_every = recipe.train.steps, recipe.train.eval_every
+
+    asha = spec.scheduler.asha if spec.scheduler is not None else None
+    if asha is not None and asha.grace_steps > steps:
+        raise fail(f"grace_steps {asha.grace_steps} is more than the {steps} steps of a trial", "scheduler.asha.grace_steps")
+    if asha is not None and (eval_every == 0 or eval_every > asha.grace_steps):
+        # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
+        eval_every = asha.grace_steps
+        fixed.append(("train.eval_every", eval_every))
+    mode = spec.objective.mode
+    penalty = spec.divergence.penalty
+    if penalty is None:
+        penalty = (spec.divergence.max_loss or 100.0) if mode == "min" else -1.0
+    return SearchPlan(
+        file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
+        dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=spec.objective.metric, mode=mode,
+        penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
+        steps=steps, eval_every=eval_every,
+    )

@@ -1,0 +1,162 @@
+"""`blockforge search`: run a search file on Ray Tune (a local Ray, or a cluster by address) and report.
+
+The search folder holds search.json (which plan it runs), tune/ (Ray Tune's experiment state, for
+--resume), trials/ (one run folder per trial), trials.jsonl (the ledger) and, at the end,
+results.csv, best/, summary.md, the plots and the fitted alpha law.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from blockforge.errors import BlockforgeError
+from blockforge.io import atomic_write_json
+from blockforge.search.config import SearchPlan, load_search
+from blockforge.search.ledger import Ledger, TrialRecord, best_records
+
+OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
+
+
+def ensure_ray(address: str | None, plan: SearchPlan) -> bool:
+    """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started here."""
+    if address is None:
+        # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="warning", configure_logging=True)
+    if address is not None:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({str(err).splitlines()[0]}); start it with `ray start --head` or check the address") from None
+        return True
+    ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+    return True
+
+
+class ProgressView:
+    """A compact live view: counts by status and the best trial per cell, on every completion (throttled)."""
+
+    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0):
+        self.ledger, self.plan, self.every_s = ledger, plan, every_s  # no stream held: Tune pickles callbacks
+        self.started = time.time()
+        self.last = 0.0
+
+    def line(self) -> str:
+        records = self.ledger.records()
+        counts = {s: sum(r.status == s for r in records) for s in ("running", "completed", "pruned", "diverged", "failed", "duplicate")}
+        elapsed = time.time() - self.started
+        head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
+        best = best_records(records, self.plan.mode)
+        parts = [f"{cell}: {self.plan.metric} {r.value:.4g} (alpha {r.alpha}, {r.post_ln_layers} post)" for cell, r in sorted(best.items()) if r.alpha is not None]
+        parts += [f"{cell}: {self.plan.metric} {r.value:.4g}" for cell, r in sorted(best.items()) if r.alpha is None]
+        return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
+
+    def update(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self.last >= self.every_s:
+            self.last = now
+            print(self.line(), flush=True)
+
+
+def _tune_callback(view: ProgressView):
+    from ray.tune import Callback
+
+    class Live(Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            view.update()
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            view.update()
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            view.update()
+
+    return Live()
+
+
+@dataclass
+class SearchOutcome:
+    search_dir: Path
+    records: list[TrialRecord]
+    summary: str
+
+
+def _trainable(plan: SearchPlan, search_dir: Path):
+    from ray import tune
+
+    from blockforge.search.trials import run_trial
+
+    resources = {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu}
+    return tune.with_resources(tune.with_parameters(run_trial, plan=plan, search_dir=str(search_dir)), resources)
+
+
+def run_search(
+    path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool = False,
+    max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
+) -> SearchOutcome:
+    """Run (or resume) the search in `path`; returns the records and the printed summary."""
+    plan = load_search(path, overrides)
+    search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
+    search_dir = search_dir.resolve()
+    marker = search_dir / "search.json"
+    if marker.exists() and not resume:
+        raise BlockforgeError(f"{search_dir}: already holds a search; pass --resume to continue it, or choose another --out")
+    if resume and not marker.exists():
+        raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
+    if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
+        raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
+    try:
+        search_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+    except OSError as err:
+        raise BlockforgeError(f"{search_dir}: cannot write the search there ({err.strerror or err}); choose another --out") from None
+
+    started_here = ensure_ray(address, plan)
+    from ray import tune
+
+    from blockforge.search.searcher import OBJECTIVE, CellScheduler, CellSearcher
+
+    ledger = Ledger(search_dir / "trials.jsonl")
+    view = ProgressView(ledger, plan, every_s=progress_every_s)
+    trainable = _trainable(plan, search_dir)
+    experiment = search_dir / "tune"
+    try:
+        if resume and tune.Tuner.can_restore(str(experiment)):
+            tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            scheduler = CellScheduler(plan) if plan.asha is not None else None
+            tuner = tune.Tuner(
+                trainable,
+                tune_config=tune.TuneConfig(
+                    search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
+                    max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
+                    metric=OBJECTIVE, mode=plan.mode,
+                ),
+                run_config=tune.RunConfig(
+                    name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
+                    failure_config=tune.FailureConfig(max_failures=2),
+                ),
+            )
+        tuner.fit()
+    finally:
+        if started_here:
+            import ray
+
+            ray.shutdown()
+    view.update(force=True)
+    from blockforge.search.report import write_reports
+
+    summary = write_reports(search_dir, plan, ledger)
+    return SearchOutcome(search_dir, ledger.records(), summary)

@@ -1,0 +1,83 @@
+"""The search's own record of trials: one JSON line per event, the last line per trial wins.
+
+Ray Tune keeps its experiment state for resuming; this ledger is what results.csv, the summary, the
+plots and `blockforge export` read. It is append-only, so a killed driver loses nothing it wrote.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blockforge.io import atomic_write_text
+
+STATUSES = ("completed", "pruned", "diverged", "failed", "duplicate", "running")
+COLUMNS = ["cell", "trial", "status", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides", "identity", "duplicate_of", "note"]
+
+
+@dataclass
+class TrialRecord:
+    cell: str
+    trial: int  # the Optuna trial number within its cell
+    status: str
+    identity: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)  # the cell's searched values (and baselines')
+    alpha: float | None = None
+    post_ln_layers: int | None = None
+    steps: int = 0
+    metric: str = ""
+    value: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    duplicate_of: int | None = None
+    run_dir: str = ""
+    note: str = ""
+
+
+class Ledger:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def append(self, record: TrialRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+
+    def records(self) -> list[TrialRecord]:
+        """The latest record of every trial, in cell then trial order."""
+        if not self.path.exists():
+            return []
+        latest: dict[tuple[str, int], TrialRecord] = {}
+        for line in self.path.read_text().splitlines():
+            if line.strip():
+                record = TrialRecord(**json.loads(line))
+                latest[(record.cell, record.trial)] = record
+        return sorted(latest.values(), key=lambda r: (r.cell, r.trial))
+
+    def write_csv(self, path: str | Path) -> None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for record in self.records():
+            row = asdict(record)
+            row["overrides"] = json.dumps(record.overrides, sort_keys=True)
+            writer.writerow(row)
+        atomic_write_text(path, buffer.getvalue())
+
+
+def best_records(records: list[TrialRecord], mode: str) -> dict[str, TrialRecord]:
+    """Per cell, the best completed trial (full budget); cells without one fall back to pruned trials."""
+    best: dict[str, TrialRecord] = {}
+    sign = 1.0 if mode == "min" else -1.0
+    for status in ("completed", "pruned"):
+        for record in records:
+            if record.status != status or record.value is None or record.cell in best and best[record.cell].status != status:
+                continue
+            current = best.get(record.cell)
+            if current is None or sign * record.value < sign * current.value:
+                best[record.cell] = record
+    return best

@@ -1,0 +1,173 @@
+"""What a search leaves behind: results.csv, best/<cell>.yaml, summary.md, plots and the alpha law."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from blockforge.io import atomic_write_json, atomic_write_text
+from blockforge.search.config import SearchPlan
+from blockforge.search.law import LawReport, fit_alpha_law
+from blockforge.search.ledger import Ledger, TrialRecord, best_records
+from blockforge.spec.resolve import resolve
+from blockforge.spec.serialize import save_spec
+from blockforge.spec.strict import to_plain
+
+
+def _markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[list]]:
+    """The summary table: per cell, trial counts by status, the best trial and the uniform Pre-LN baseline."""
+    best = best_records(records, plan.mode)
+    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha", "post-LN layers", f"best {plan.metric}", f"{plan.metric} at alpha 0"]
+    rows = []
+    for cell in plan.cell_names():
+        mine = [r for r in records if r.cell == cell]
+        counts = Counter(r.status for r in mine)
+        pre = [r.value for r in mine if r.alpha == 0.0 and r.status in ("completed", "duplicate") and r.value is not None]
+        b = best.get(cell)
+        rows.append([cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
+                     _fmt(b.alpha) if b else "-", _fmt(b.post_ln_layers) if b else "-", _fmt(b.value) if b else "-", _fmt(pre[0]) if pre else "-"])
+    return headers, rows
+
+
+def law_points(plan: SearchPlan, records: list[TrialRecord]) -> list[dict]:
+    """The best alpha of each cell with the cell's depth and width (from the resolved base recipe)."""
+    points = []
+    for cell, record in best_records(records, plan.mode).items():
+        if record.alpha is None:
+            continue
+        recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
+        points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": record.alpha,
+                       "post_ln_layers": record.post_ln_layers, "value": record.value})
+    return points
+
+
+def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = plan.cell_names()
+    columns = min(3, len(cells))
+    rows = -(-len(cells) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
+    style = {"completed": ("o", "tab:blue"), "pruned": ("x", "tab:gray"), "diverged": ("v", "tab:red"), "duplicate": (".", "tab:cyan")}
+    for ax, cell in zip(axes.flat, cells):
+        for status, (marker, color) in style.items():
+            pts = [(r.alpha, r.value) for r in records if r.cell == cell and r.status == status and r.alpha is not None and r.value is not None]
+            if pts:
+                ax.scatter(*zip(*pts), marker=marker, color=color, label=status)
+        diverged = [r.alpha for r in records if r.cell == cell and r.status == "diverged" and r.alpha is not None]
+        if diverged:  # no value to place them at: mark them along the top edge
+            ax.scatter(diverged, [ax.get_ylim()[1]] * len(diverged), marker="v", color=style["diverged"][1], label="diverged", clip_on=False)
+        ax.set_title(cell, fontsize=10)
+        ax.set_xlabel("alpha (fraction of Post-LN layers)")
+        ax.set_ylabel(plan.metric)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cells):]:
+        ax.axis("off")
+    legend = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(f"{plan.name}: {plan.metric} vs alpha per cell (pruned points are partial)")
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_best_alpha(points: list[dict], law: LawReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from blockforge.search.law import LAWS
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    widths = sorted({p["width"] for p in points})
+    depths = np.array(sorted({p["depth"] for p in points}), dtype=float)
+    for width in widths:
+        mine = sorted((p["depth"], p["alpha"]) for p in points if p["width"] == width)
+        ax.plot(*zip(*mine), "o-", label=f"best alpha, width {width}")
+    if law.fits and len(depths) > 1:
+        grid = np.linspace(depths.min(), depths.max(), 100)
+        best = law.fits[0]
+        for width in widths:
+            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"{best.formula} (width {width})")
+    ax.set_xlabel("depth L")
+    ax.set_ylabel("best alpha")
+    ax.set_title("best Mix-LN alpha per cell")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_best_specs(plan: SearchPlan, records: list[TrialRecord], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for cell, record in best_records(records, plan.mode).items():
+        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.replace(",", "__"))
+        overrides = plan.trial_overrides(plan.cell(cell), record.overrides)
+        recipe = plan.recipe(overrides)
+        save_spec(resolve(recipe.model), folder / f"{slug}.yaml")
+        atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
+
+
+def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
+    """Write every report file; returns the summary table as text (what the CLI prints)."""
+    from blockforge.cli import format_table
+
+    records = ledger.records()
+    ledger.write_csv(search_dir / "results.csv")
+    write_best_specs(plan, records, search_dir / "best")
+    headers, rows = cell_rows(plan, records)
+    points = law_points(plan, records)
+    law = fit_alpha_law(points)
+    atomic_write_json(search_dir / "alpha_law.json", {"points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict})
+    plot_metric_vs_alpha(plan, records, search_dir / "metric_vs_alpha.png")
+    if points:
+        plot_best_alpha(points, law, search_dir / "best_alpha_vs_depth.png")
+    fits = _markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE"],
+                           [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}"] for f in law.fits])
+    data = _markdown_table(["cell", "depth", "width", "best alpha", "post-LN layers", plan.metric],
+                           [[p["cell"], p["depth"], p["width"], _fmt(p["alpha"]), p["post_ln_layers"], _fmt(p["value"])] for p in points])
+    summary = f"""# Search {plan.name}
+
+Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}.
+
+{_markdown_table(headers, rows)}
+
+Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, `best_alpha_vs_depth.png`.
+
+## alpha_opt(depth, width)
+
+{data}
+
+{fits if law.fits else '(no law could be fitted)'}
+
+{law.verdict}
+"""
+    atomic_write_text(search_dir / "summary.md", summary)
+    return format_table(headers, rows) + "\n\n" + law.verdict

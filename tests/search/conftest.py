@@ -1,0 +1,61 @@
+"""One local Ray for the whole test session (on loopback, object store capped) and tiny search files."""
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORDS = "the layer norm weight gradient loss step data token batch model value list string object returns when each".split()
+
+
+def write_corpus(path: Path, documents: int = 200) -> Path:
+    rng = random.Random(0)
+    paragraphs = [f"Part {i}. " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + "." for i in range(documents)]
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    return path
+
+
+def write_search(folder: Path, **changes) -> Path:
+    """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus; `changes` replace top-level keys."""
+    corpus = write_corpus(folder / "corpus.txt")
+    recipe = {
+        "model": {"family": "llama", "width": 32, "depth": 4, "heads": 2, "ffn": 64, "vocab": 300, "context": 32,
+                  "layers": {"mix_ln": {"alpha": 0.25}}},
+        "train": {"steps": 30, "batch_size": 4, "lr": 3e-3, "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10,
+                  "log_every": 5, "grad_norm_every": 0},
+        "data": {"source": "text", "path": str(corpus), "tokenizer": {"bpe": 300}},
+    }
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    search = {
+        "name": "tiny",
+        "base": "tiny.yaml",
+        "cells": {"model.depth": [2, 4]},
+        "space": {"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.75]}},
+        "baselines": [{"model.layers.mix_ln.alpha": 0.0}, {"model.layers.mix_ln.alpha": 0.5}],
+        "trials_per_cell": 5,
+        "objective": {"metric": "val_loss", "mode": "min"},
+        "scheduler": {"asha": {"grace_steps": 10, "reduction_factor": 2}},
+        "sampler": {"tpe": {"seed": 0, "startup_trials": 2}},
+        "divergence": {"max_loss": 20.0},
+        "resources": {"cpu": 1},
+    }
+    search.update(changes)
+    path = folder / "search.yaml"
+    path.write_text(yaml.safe_dump(search))
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["BLOCKFORGE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    import ray
+
+    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False,
+             logging_level="warning", _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"BLOCKFORGE_CACHE": os.environ["BLOCKFORGE_CACHE"]}})
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,155 @@
+"""Searches on a local Ray: statuses, divergence, duplicates, resume after SIGKILL, reports and export."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from blockforge.cli import main
+from blockforge.search.driver import run_search
+from blockforge.search.ledger import Ledger
+
+from .conftest import write_search  # noqa: E402
+
+
+def rows(search_dir):
+    with open(search_dir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tpe_asha_search_completes_with_statuses_duplicates_and_reports(tmp_path, ray_session):
+    path = write_search(tmp_path)
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    records = outcome.records
+    assert len(records) == 10  # 5 per cell, every one accounted for
+    statuses = {r.status for r in records}
+    assert statuses <= {"completed", "pruned", "duplicate"} and "completed" in statuses
+    # depth 2 has only 3 distinct models (0, 1 or 2 Post-LN layers) for 5 trials: duplicates must appear.
+    depth2 = [r for r in records if r.cell == "depth=2"]
+    assert any(r.status == "duplicate" for r in depth2)
+    for r in depth2:
+        if r.status == "duplicate":
+            original = next(o for o in depth2 if o.trial == r.duplicate_of)
+            assert original.identity == r.identity and original.post_ln_layers == r.post_ln_layers
+    # Baselines first, and counted like any trial.
+    assert [r.alpha for r in depth2[:2]] == [0.0, 0.5]
+    for r in records:
+        if r.status == "completed":
+            assert r.steps == 30 and r.value is not None
+        if r.status == "pruned":
+            assert r.steps < 30
+    out = outcome.search_dir
+    for name in ("results.csv", "summary.md", "metric_vs_alpha.png", "alpha_law.json", "trials.jsonl"):
+        assert (out / name).exists(), name
+    assert {row["cell"] for row in rows(out)} == {"depth=2", "depth=4"}
+    assert sorted(p.name for p in (out / "best").glob("*.yaml")) == ["depth=2.recipe.yaml", "depth=2.yaml", "depth=4.recipe.yaml", "depth=4.yaml"]
+    assert "depth=2" in outcome.summary and "cannot decide" in outcome.summary
+
+
+def test_asha_compares_only_inside_a_cell(tmp_path, ray_session):
+    from blockforge.search.config import load_search
+    from blockforge.search.searcher import CellScheduler
+
+    plan = load_search(write_search(tmp_path))
+    scheduler = CellScheduler(plan)
+
+    class Trial:
+        def __init__(self, trial_id, cell):
+            self.trial_id, self.config = trial_id, {"cell": cell}
+
+    good_elsewhere, first, worse = Trial("b1", "depth=4"), Trial("a1", "depth=2"), Trial("a2", "depth=2")
+    for trial in (good_elsewhere, first, worse):
+        scheduler.on_trial_add(None, trial)
+    decide = lambda trial, value: scheduler.on_trial_result(None, trial, {"objective": value, "step": 10})  # noqa: E731
+    assert decide(good_elsewhere, 1.0) == "CONTINUE"
+    # One ASHA over both cells would stop this trial (1.0 is better); per cell it is the first at its rung.
+    assert decide(first, 5.0) == "CONTINUE"
+    assert decide(worse, 9.0) == "STOP"  # compared with its own cell's 5.0
+
+
+def test_diverged_trial_is_recorded_and_the_search_finishes(tmp_path, ray_session):
+    path = write_search(
+        tmp_path, cells={"model.depth": [6]}, trials_per_cell=2, scheduler=None,
+        baselines=[{"model.layers.mix_ln.alpha": 1.0, "train.lr": 50.0, "train.warmup": 0.0}, {"model.layers.mix_ln.alpha": 0.0, "train.lr": 3e-3, "train.warmup": 0.1}],
+        space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 1.0]}, "train.lr": {"loguniform": [1e-3, 100.0]}, "train.warmup": {"uniform": [0.0, 0.2]}},
+    )
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    statuses = sorted(r.status for r in outcome.records)
+    assert statuses == ["completed", "diverged"]
+    diverged = next(r for r in outcome.records if r.status == "diverged")
+    assert diverged.alpha == 1.0 and diverged.steps < 30
+    assert json.loads((tmp_path / "out" / "trials" / "depth=6" / diverged.identity / "result.json").read_text())["status"] == "diverged"
+
+
+def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_session):
+    path = write_search(tmp_path, scheduler=None, trials_per_cell=4, cells={"model.depth": [4]},
+                        space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.25, 0.5, 0.75]}}, sampler={"random": {"seed": 0}},
+                        baselines=[], overrides={"train.steps": 120, "train.checkpoint_every": 10}, max_concurrent=1)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ledger = Ledger(out / "trials.jsonl")
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if any(r.status == "completed" for r in ledger.records()):
+            break
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, as a crash would
+    driver.wait()
+    finished = [r for r in ledger.records() if r.status == "completed"]
+    assert finished, "the driver was killed before any trial finished"
+    stamps = {r.identity: os.stat(out / "trials" / "depth=4" / r.identity / "result.json").st_mtime_ns for r in finished}
+
+    outcome = run_search(path, out=out, resume=True, progress_every_s=0)
+    records = outcome.records
+    assert len(records) == 4 and all(r.status in ("completed", "duplicate") for r in records), [(r.trial, r.status) for r in records]
+    for identity, stamp in stamps.items():  # finished trials were not trained again
+        assert os.stat(out / "trials" / "depth=4" / identity / "result.json").st_mtime_ns == stamp
+    for r in records:
+        if r.status == "completed":
+            lines = [json.loads(x) for x in (out / "trials" / "depth=4" / r.identity / "metrics.jsonl").read_text().splitlines()]
+            steps = [x["step"] for x in lines if x["event"] == "train"]
+            assert steps == sorted(set(steps)) and steps[-1] == 120
+
+
+def test_export_best_of_a_cell(tmp_path, ray_session, capsys):
+    path = write_search(tmp_path, cells={"model.depth": [2, 3]}, trials_per_cell=2, scheduler=None)
+    run_search(path, out=tmp_path / "out", progress_every_s=0)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "out"), "--out", str(tmp_path / "x")]) == 2
+    assert "--cell" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "out"), "--cell", "depth=3", "--out", str(tmp_path / "model"), "--no-progress"]) == 0
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "## Search" in card and "cell `depth=3`" in card
+    import blockforge.export
+
+    model = blockforge.export.load(tmp_path / "model")
+    assert model.spec.depth == 3
+    assert model(torch.randint(0, 300, (1, 8))).shape == (1, 8, 300)
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"space": {"model.layers.mix_ln.alpah": {"uniform": [0, 1]}}}, "space.model.layers.mix_ln.alpah"),
+    ({"space": {"model.layers.mix_ln.alpha": {"uniform": [1, 0]}}}, "space.model.layers.mix_ln.alpha.uniform"),
+    ({"space": {"model.layers.mix_ln.alpha": {"gaussian": [0, 1]}}}, "space.model.layers.mix_ln.alpha"),
+    ({"cells": {"model.depth": [2, 0]}}, "model.depth"),
+    ({"objective": {"metric": "accuracy"}}, "objective.metric"),
+    ({"sampler": {"tpe": {}, "random": {}}}, "sampler"),
+    ({"scheduler": {"asha": {"grace_steps": 1000}}}, "scheduler.asha.grace_steps"),
+    ({"base": "missing.yaml"}, "base"),
+    ({"trials": 3}, "trials"),
+    ({"baselines": [{"train.lr": 0.1}]}, "baselines[0]"),
+])
+def test_bad_search_file_is_one_sentence(tmp_path, capsys, change, needle):
+    path = write_search(tmp_path, **change)
+    assert main(["search", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert str(path) in err and needle in err, err
