@@ -82,12 +82,21 @@ class Divergence:
 class Resources:
     cpu: float = 1.0
     gpu: float = 0.0
+    workers: int | None = None  # data-parallel processes per trial (default: one per GPU, at least one)
 
     def check(self, path: str) -> None:
         if self.cpu <= 0:
             raise SpecError(f"must be greater than zero, not {self.cpu}", path=f"{path}.cpu")
         if self.gpu < 0:
             raise SpecError(f"must be zero or more, not {self.gpu}", path=f"{path}.gpu")
+        if self.workers is not None and self.workers < 1:
+            raise SpecError(f"must be at least 1, not {self.workers}", path=f"{path}.workers")
+        if self.gpu > 1 and self.workers is not None and self.workers != int(self.gpu):
+            raise SpecError(f"with {self.gpu:g} GPUs a trial runs one worker per GPU; drop workers or set it to {int(self.gpu)}", path=f"{path}.workers")
+
+    @property
+    def data_parallel(self) -> int:
+        return self.workers or max(1, int(self.gpu))
 
 
 @dataclass(kw_only=True)

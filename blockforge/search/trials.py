@@ -4,15 +4,27 @@ A trial's run folder is named by its cell and identity inside the search folder,
 resumes from that folder's checkpoint whenever it exists. That is what makes a restarted trial (a
 resumed search, a retry after its node died) continue instead of starting over. On a multi-node
 cluster the search folder must be on storage every node sees, as Ray Tune's storage_path must be.
+
+A trial with several workers (resources.gpu > 1, or resources.workers) trains data-parallel: this
+process is rank 0 and reports to Tune; ranks 1.. are `blockforge train` processes on the same node,
+joined through torch.distributed (NCCL on GPUs, gloo on CPUs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import yaml
+
 from blockforge.search.config import SearchPlan
+from blockforge.spec.strict import to_plain
 
 
 def trial_dir(search_dir: str | Path, cell: str, identity: str) -> Path:
@@ -20,8 +32,54 @@ def trial_dir(search_dir: str | Path, cell: str, identity: str) -> Path:
     return Path(search_dir) / "trials" / slug / identity
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def data_parallel_peers(recipe, run_dir: Path, workers: int, resume: bool):
+    """Start ranks 1..workers-1 as `blockforge train` processes and make this process rank 0."""
+    if workers == 1:
+        yield
+        return
+    import torch.distributed as dist
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = run_dir / ".trial-recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(to_plain(recipe), sort_keys=False))
+    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(workers)}
+    saved = {k: os.environ.get(k) for k in [*shared, "RANK", "LOCAL_RANK"]}
+    os.environ.update(shared, RANK="0", LOCAL_RANK="0")
+    command = [sys.executable, "-m", "blockforge", "train", str(recipe_file), "--out", str(run_dir), "--no-progress"] + (["--resume"] if resume else [])
+    peers = []
+    try:
+        for rank in range(1, workers):
+            log = open(run_dir / f"rank{rank}.log", "a")
+            peers.append(subprocess.Popen(command, env=dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=log, stderr=subprocess.STDOUT))
+        yield
+    finally:
+        for peer in peers:  # a stopped (pruned) trial leaves its peers waiting on rank 0: end them
+            if peer.poll() is None:
+                peer.terminate()
+        for peer in peers:
+            try:
+                peer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                peer.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes."""
+    import ray
     import torch
     from ray import tune
 
@@ -29,7 +87,8 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     from blockforge.train.checkpoint import latest_checkpoint
     from blockforge.train.loop import Trainer
 
-    torch.set_num_threads(max(1, int(plan.resources.cpu)))
+    workers = plan.resources.data_parallel
+    torch.set_num_threads(max(1, int(plan.resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])
     run_dir = trial_dir(search_dir, config["cell"], config["identity"])
     finished = run_dir / "result.json"
@@ -40,8 +99,13 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
         value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
         tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics})
         return
-    trainer = Trainer(recipe, run_dir, resume=latest_checkpoint(run_dir) is not None, progress=False)
-    for event in trainer.iterate():
-        metrics = {k: v for k, v in (event["metrics"] or {}).items() if isinstance(v, (int, float))}
-        value = plan.penalty if event["diverged"] else metrics[plan.metric]
-        tune.report({OBJECTIVE: value, "step": event["step"], "diverged": event["diverged"], **metrics})
+    resume = latest_checkpoint(run_dir) is not None
+    with data_parallel_peers(recipe, run_dir, workers, resume):
+        trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
+        with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
+            f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
+                                "workers": workers, "start_step": trainer.state["step"]}) + "\n")
+        for event in trainer.iterate():
+            metrics = {k: v for k, v in (event["metrics"] or {}).items() if isinstance(v, (int, float))}
+            value = plan.penalty if event["diverged"] else metrics[plan.metric]
+            tune.report({OBJECTIVE: value, "step": event["step"], "diverged": event["diverged"], **metrics})

@@ -177,10 +177,12 @@ class Trainer:
             compile_blocks(self.model)
         self.train_model = self._wrap_data_parallel(self.model)
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
+        self._tensorboard = self._open_tensorboard() if cfg.tensorboard and self.world.is_main else None
         if self.world.is_main:
             self._write_run_files()
             self._trim_metrics(self.state["step"])
-        self._tensorboard = self._open_tensorboard() if cfg.tensorboard and self.world.is_main else None
+            if checkpoint is not None:
+                self._log({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.name})
 
     # ---- set-up helpers -----------------------------------------------------------------------
 

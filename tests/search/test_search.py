@@ -1,6 +1,7 @@
 """Searches on a local Ray: statuses, divergence, duplicates, resume after SIGKILL, reports and export."""
 
 import csv
+from pathlib import Path
 import json
 import os
 import signal
@@ -153,3 +154,29 @@ def test_bad_search_file_is_one_sentence(tmp_path, capsys, change, needle):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err
     assert str(path) in err and needle in err, err
+
+
+@pytest.mark.slow
+def test_cluster_trials_use_both_nodes_and_a_lost_node_is_retried_from_checkpoint(tmp_path):
+    env = dict(os.environ, BLOCKFORGE_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "cluster_check.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["statuses"] == ["completed"] * 3, report
+    assert report["worker_used"] and report["nodes"] >= 2, report
+    assert report["removed"], "no trial ran on the worker long enough to remove it"
+    attempts = report["attempts"]
+    assert len(attempts) >= 2 and attempts[-1]["start_step"] >= 10, attempts  # resumed, not restarted
+
+
+@pytest.mark.slow
+def test_two_worker_data_parallel_trial_on_cpu(tmp_path, ray_session):
+    path = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=1, baselines=[], scheduler=None,
+                        resources={"cpu": 2, "workers": 2}, overrides={"train.batch_size": 8, "train.micro_batch_size": 2})
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    (record,) = outcome.records
+    assert record.status == "completed", record
+    attempts = [json.loads(x) for x in (Path(record.run_dir) / "attempts.jsonl").read_text().splitlines()]
+    assert attempts[0]["workers"] == 2
+    assert "error" not in (Path(record.run_dir) / "rank1.log").read_text().lower()
