@@ -16,8 +16,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The main job: an alpha search on the built-in corpus, then the best depth-8 model exported.
+QUICKSTART_OUT ?= runs/search-quickstart
 quickstart: $(VENV)/.installed
-	$(BIN)/blockforge inspect recipes/llama-tiny-mix.yaml
+	$(BIN)/blockforge search searches/quickstart.yaml --out $(QUICKSTART_OUT) $(if $(wildcard $(QUICKSTART_OUT)/search.json),--resume)
+	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
