@@ -75,6 +75,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
     print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
     print(f"arch hash    {spec.arch_hash()}")
+    if args.memory:
+        from blockforge.train.memory import memory_plan
+
+        plan = memory_plan(recipe, gpus=args.gpus, sharded=args.fsdp)
+        print()
+        print(format_table(["memory plan (meta device, nothing allocated)", "size", ""], plan.rows(), "lrl"))
     return 0
 
 
@@ -172,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print the resolved per-layer table of a recipe")
     p.add_argument("recipe", help="a recipe YAML file")
     _add_set(p)
+    p.add_argument("--memory", action="store_true", help="also print the training memory plan (computed on the meta device)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the plan spreads over (with --fsdp)")
+    p.add_argument("--fsdp", action="store_true", help="plan for weights, gradients and optimizer state sharded over --gpus")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("train", help="train a recipe into a run folder")

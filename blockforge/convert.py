@@ -22,6 +22,17 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src.detach().to(dst.dtype))
 
 
+def _half_split_to_interleaved(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder query/key rows from Hugging Face's RoPE pairing (j, j + hs/2) to adjacent pairs (2j, 2j+1)."""
+    rows, width = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, width).transpose(1, 2).reshape(rows, width)
+
+
+def _interleaved_to_half_split(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    rows, width = weight.shape
+    return weight.reshape(heads, rows // heads // 2, 2, width).transpose(1, 2).reshape(rows, width)
+
+
 def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     """A blockforge llama with the weights of a `LlamaForCausalLM` (every layer Pre-LN)."""
     config = hf_model.config
@@ -60,7 +71,9 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     for block, layer in zip(model.layers, src.layers, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         _copy(block.attn.in_norm.weight, layer.input_layernorm.weight)
-        _copy(block.attn.branch.qkv.weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        q = _half_split_to_interleaved(attn.q_proj.weight, heads)
+        k = _half_split_to_interleaved(attn.k_proj.weight, heads)
+        _copy(block.attn.branch.qkv.weight, torch.cat([q, k, attn.v_proj.weight]))
         _copy(block.attn.branch.proj.weight, attn.o_proj.weight)
         _copy(block.mlp.in_norm.weight, layer.post_attention_layernorm.weight)
         _copy(block.mlp.branch.gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
@@ -116,8 +129,8 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
         q, k, v = block.attn.branch.qkv.weight.split(width)
         gate, up = block.mlp.branch.gate_up.weight.split(ffn)
         _copy(layer.input_layernorm.weight, block.attn.in_norm.weight)
-        _copy(layer.self_attn.q_proj.weight, q)
-        _copy(layer.self_attn.k_proj.weight, k)
+        _copy(layer.self_attn.q_proj.weight, _interleaved_to_half_split(q, layer0.heads))
+        _copy(layer.self_attn.k_proj.weight, _interleaved_to_half_split(k, layer0.heads))
         _copy(layer.self_attn.v_proj.weight, v)
         _copy(layer.self_attn.o_proj.weight, block.attn.branch.proj.weight)
         _copy(layer.post_attention_layernorm.weight, block.mlp.in_norm.weight)

@@ -11,28 +11,29 @@ from torch import nn
 
 from blockforge.errors import BlockforgeError
 
-Rope = dict[int, tuple[torch.Tensor, torch.Tensor]]  # head_dim -> (cos, sin), each (T, head_dim)
+Rope = dict[int, torch.Tensor]  # head_dim -> complex rotations (T, head_dim / 2)
 
 
-def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device, dtype: torch.dtype) -> Rope:
-    """cos/sin tables for positions 0..length-1, computed in float32 (the half-split RoPE of LLaMA)."""
+def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device) -> Rope:
+    """Rotations e^(i t w_j) for positions t = 0..length-1 and frequencies w_j = theta^(-2j/dim), in float32."""
     positions = torch.arange(length, device=device, dtype=torch.float32)
     tables = {}
     for dim in head_dims:
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).float() / dim))
         angles = torch.outer(positions, inv_freq)  # (T, dim/2)
-        angles = torch.cat((angles, angles), dim=-1)  # (T, dim)
-        tables[dim] = (angles.cos().to(dtype), angles.sin().to(dtype))
+        tables[dim] = torch.polar(torch.ones_like(angles), angles)
     return tables
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[2j], x[2j+1]) of x (B, T, nh, hs) by its angle: one complex multiply.
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+    Pairs are adjacent (interleaved RoPE, as in the original LLaMA code). Hugging Face's LLaMA pairs
+    x[j] with x[j + hs/2] instead; convert.py permutes query/key rows so both give the same logits.
+    """
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # complex needs float32 or float64
+    pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # (B, T, nh, hs/2)
+    return torch.view_as_real(pairs * rotations[:, None, :]).flatten(-2).type_as(x)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -75,9 +76,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_dim).unbind(2)  # each (B, T, nh, hs)
         if rope is not None:
-            cos, sin = rope[self.head_dim]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, rope[self.head_dim]), apply_rope(k, rope[self.head_dim])
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
         y = ATTENTION_BACKENDS[self.backend](q, k, v, self.causal)  # (B, nh, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))

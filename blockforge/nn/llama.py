@@ -41,7 +41,7 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, vocab)."""
         x = self.embed(tokens)  # (B, T, C)
-        rope = rope_tables(self._head_dims, tokens.shape[1], self.spec.rope_theta, x.device, x.dtype)
+        rope = rope_tables(self._head_dims, tokens.shape[1], self.spec.rope_theta, x.device)
         for block in self.layers:
             x = block(x, rope=rope)
         return self.head(self.final_norm(x))

@@ -32,6 +32,11 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
 
     def check(self, path: str) -> None:
+        chosen = self.train.activation_checkpointing
+        if not isinstance(chosen, bool):
+            from blockforge.spec.resolve import select_layers
+
+            select_layers(chosen, self.model.depth, "train.activation_checkpointing")
         if self.data.is_text != (self.model.family == "llama"):
             kind = "text" if self.model.family == "llama" else "image"
             raise SpecError(

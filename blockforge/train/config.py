@@ -39,7 +39,7 @@ class TrainConfig:
     device: str = choice("auto", "cpu", "cuda", default="auto")
     precision: str = choice("auto", "fp32", "bf16", default="auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | str | list[int] = False  # true: every block; or the blocks, as in `at:`
     tensorboard: bool = False
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 

@@ -171,10 +171,7 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir) if resume else None
         if checkpoint is not None:
             self.state.update(load_checkpoint(checkpoint, self.model, self.optimizer))
-        if cfg.compile:
-            from blockforge.train.compile import compile_blocks
-
-            compile_blocks(self.model)
+        self._speed_up(cfg)
         self.train_model = self._wrap_data_parallel(self.model)
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
         self._tensorboard = self._open_tensorboard() if cfg.tensorboard and self.world.is_main else None
@@ -185,6 +182,17 @@ class Trainer:
                 self._log({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.name})
 
     # ---- set-up helpers -----------------------------------------------------------------------
+
+    def _speed_up(self, cfg) -> None:
+        from blockforge.spec.resolve import select_layers
+        from blockforge.train.speed import checkpoint_activations, compile_blocks
+
+        chosen = cfg.activation_checkpointing
+        if chosen is not False:
+            layers = list(range(self.spec.depth)) if chosen is True else select_layers(chosen, self.spec.depth, "train.activation_checkpointing")
+            checkpoint_activations(self.model, layers)
+        if cfg.compile:
+            self.compiled_signatures = compile_blocks(self.model)
 
     def _wrap_data_parallel(self, model: nn.Module) -> nn.Module:
         if self.world.size == 1:
