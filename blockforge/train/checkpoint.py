@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 from torch import nn
 
 from blockforge.errors import BlockforgeError
@@ -23,24 +23,49 @@ from blockforge.io import atomic_write, atomic_write_json
 CHECKPOINT_FORMAT = 1
 
 
-def _optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
+def _options(sharded: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Sharded (FSDP) models gather full tensors to the CPU of every rank; others are full already.
+    return StateDictOptions(full_state_dict=sharded, cpu_offload=sharded)
+
+
+def model_tensors(model: nn.Module, sharded: bool = False) -> dict[str, torch.Tensor]:
+    """The model's weights as full CPU tensors, tied duplicates dropped (safetensors refuses shared memory)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(model, options=_options(True))
+    else:
+        state = model.state_dict()
+    tensors, seen = {}, set()
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tensor.device, tensor.shape)
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor.detach().cpu().contiguous()
+    return tensors
+
+
+def _optimizer_to_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Flatten an optimizer state dict keyed by parameter name into tensors and JSON."""
     tensors, scalars = {}, {}
-    for index, slots in state["state"].items():
-        for name, value in slots.items():
-            key = f"state.{index}.{name}"
+    for name, slots in state["state"].items():
+        for slot, value in slots.items():
+            key = f"state.{name}.{slot}"
             if torch.is_tensor(value):
-                tensors[key] = value.detach().contiguous().cpu()
+                tensors[key] = value.detach().cpu().contiguous()
             else:
                 scalars[key] = value
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
 def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    state: dict[int, dict[str, Any]] = {}
+    state: dict[str, dict[str, Any]] = {}
     for key, value in list(tensors.items()) + list(meta["scalars"].items()):
-        _, index, name = key.split(".", 2)
-        state.setdefault(int(index), {})[name] = value
+        name, slot = key.removeprefix("state.").rsplit(".", 1)
+        state.setdefault(name, {})[slot] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]  # JSON made it a list
     return {"state": state, "param_groups": groups}
 
@@ -64,8 +89,21 @@ def _restore_rng(tensors: dict[str, torch.Tensor], python_state: list) -> None:
     random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
 
 
-def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, keep: int = 1) -> Path:
-    """Write a checkpoint for `state['step']` and point latest.json at it; older ones beyond `keep` go."""
+def save_checkpoint(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, *, keep: int = 1,
+    sharded: bool = False, write: bool = True,
+) -> Path | None:
+    """Write a checkpoint for `state['step']` and point latest.json at it; older ones beyond `keep` go.
+
+    With a sharded model every rank must call this (the weights are gathered to rank 0); only `write` ranks write.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    weights = model_tensors(model, sharded)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=_options(sharded))  # keyed by parameter name
+    if not write:
+        return None
+    tensors, meta = _optimizer_to_tensors(optimizer_state)
     root = Path(run_dir) / "checkpoints"
     folder = root / f"step-{state['step']:08d}"
     if folder.exists():
@@ -74,8 +112,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    save_model(model, str(partial / "model.safetensors"))
-    tensors, meta = _optimizer_to_tensors(optimizer)
+    save_file(weights, str(partial / "model.safetensors"))
     save_file(tensors, str(partial / "optimizer.safetensors"))
     save_file(_rng_tensors(), str(partial / "rng.safetensors"))
     python_state = random.getstate()
@@ -97,17 +134,29 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """Restore model (and optimizer and RNG states) from `folder`; returns the saved training state."""
-    folder = Path(folder)
-    record = json.loads((folder / "state.json").read_text())
+def read_state(folder: Path) -> dict:
+    record = json.loads((Path(folder) / "state.json").read_text())
     if record.get("format", 0) > CHECKPOINT_FORMAT:
         raise BlockforgeError(f"{folder}: checkpoint format {record['format']} is newer than this blockforge reads; upgrade blockforge")
-    load_weights(model, folder / "model.safetensors")
-    if optimizer is not None:
-        optimizer.load_state_dict(_optimizer_from_tensors(load_file(str(folder / "optimizer.safetensors")), record["optimizer"]))
-        _restore_rng(load_file(str(folder / "rng.safetensors")), record["python_rng"])
+    return record
+
+
+def load_training_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool = False) -> dict:
+    """Restore optimizer and RNG states from `folder` (weights: load_weights, before any sharding); returns the saved state."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    folder = Path(folder)
+    record = read_state(folder)
+    saved = _optimizer_from_tensors(load_file(str(folder / "optimizer.safetensors")), record["optimizer"])
+    set_optimizer_state_dict(model, optimizer, saved, options=_options(sharded))
+    _restore_rng(load_file(str(folder / "rng.safetensors")), record["python_rng"])
     return {k: v for k, v in record.items() if k not in ("optimizer", "python_rng", "format")}
+
+
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Weights, optimizer and RNG states of an unsharded model; returns the saved training state."""
+    load_weights(model, Path(folder) / "model.safetensors")
+    return load_training_state(folder, model, optimizer)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -130,4 +179,5 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 def save_weights(model: nn.Module, path: Path) -> None:
-    atomic_write(path, lambda tmp: save_model(model, tmp))
+    weights = model_tensors(model)
+    atomic_write(path, lambda tmp: save_file(weights, tmp))

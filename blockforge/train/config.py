@@ -38,6 +38,7 @@ class TrainConfig:
     checkpoint_every: int = 100  # 0 writes a checkpoint only at the end
     device: str = choice("auto", "cpu", "cuda", default="auto")
     precision: str = choice("auto", "fp32", "bf16", default="auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
+    parallel: str = choice("ddp", "fsdp", default="ddp")  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     compile: bool = False
     activation_checkpointing: bool | str | list[int] = False  # true: every block; or the blocks, as in `at:`
     tensorboard: bool = False

@@ -28,7 +28,7 @@ from blockforge.spec.recipe import Recipe
 from blockforge.spec.resolve import resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
-from blockforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from blockforge.train.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
 from blockforge.train.distributed import World, barrier, init_world, mean_across
 from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
 
@@ -88,13 +88,18 @@ def _rows(batch, start: int, stop: int):
     return batch[start:stop]
 
 
-def layer_grad_norms(model: nn.Module) -> list[float]:
-    """The L2 norm of the gradient over each block's parameters."""
-    norms = []
+def layer_grad_norms(model: nn.Module, sharded_over: World | None = None) -> list[float]:
+    """The L2 norm of the gradient over each block's parameters (FSDP: shards summed over `sharded_over`)."""
+    squares = []
     for block in model.layers:
-        grads = [p.grad for p in block.parameters() if p.grad is not None]
-        norms.append(float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0)
-    return norms
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in block.parameters() if p.grad is not None]
+        squares.append(torch.stack(torch._foreach_norm(grads)).square().sum() if grads else torch.zeros(()))
+    total = torch.stack(squares).float()
+    if sharded_over is not None and sharded_over.size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(total)
+    return total.sqrt().tolist()
 
 
 @torch.no_grad()
@@ -166,13 +171,16 @@ class Trainer:
         )
         self.pad_id = getattr(self.data, "pad_id", None)
         self.model = build_model(self.spec, device=self.device)
-        self.optimizer = make_optimizer(self.model, self.spec, cfg, self.device)
         self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}}
         checkpoint = latest_checkpoint(self.run_dir) if resume else None
-        if checkpoint is not None:
-            self.state.update(load_checkpoint(checkpoint, self.model, self.optimizer))
+        if checkpoint is not None:  # full weights go in before any sharding
+            load_weights(self.model, checkpoint / "model.safetensors")
         self._speed_up(cfg)
-        self.train_model = self._wrap_data_parallel(self.model)
+        self.sharded = self.world.size > 1 and cfg.parallel == "fsdp"
+        self.train_model = self._parallelize(self.model)
+        self.optimizer = make_optimizer(self.model, self.spec, cfg, self.device)
+        if checkpoint is not None:
+            self.state.update(load_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
         self._tensorboard = self._open_tensorboard() if cfg.tensorboard and self.world.is_main else None
         if self.world.is_main:
@@ -194,13 +202,34 @@ class Trainer:
         if cfg.compile:
             self.compiled_signatures = compile_blocks(self.model)
 
-    def _wrap_data_parallel(self, model: nn.Module) -> nn.Module:
+    def _parallelize(self, model: nn.Module) -> nn.Module:
+        """DDP (a wrapper), or FSDP2 (each block, then the root, sharded in place); the model to call."""
         if self.world.size == 1:
+            return model
+        if self.sharded:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and self.device.type == "cuda")
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+            for block in model.layers:
+                fully_shard(block, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
+
+    def _gradient_sync(self, sync: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
+        if self.world.size == 1 or sync:
+            if self.sharded:
+                self.model.set_requires_gradient_sync(True)
+            return nullcontext()
+        if self.sharded:
+            self.model.set_requires_gradient_sync(False)
+            return nullcontext()
+        return self.train_model.no_sync()
 
     def _write_run_files(self) -> None:
         atomic_write_text(self.run_dir / "recipe.yaml", yaml.safe_dump(to_plain(self.recipe), sort_keys=False))
@@ -246,9 +275,7 @@ class Trainer:
             batch = next(stream)
             self.state["data_position"] += 1
             batch = to_device(_rows(batch, rank * cfg.micro_batch, (rank + 1) * cfg.micro_batch), self.device)
-            sync = micro == self.accumulation - 1 or size == 1
-            context = nullcontext() if sync else self.train_model.no_sync()
-            with context, autocast(self.device, cfg.precision):
+            with self._gradient_sync(micro == self.accumulation - 1), autocast(self.device, cfg.precision):
                 if self.data.kind == "text":
                     loss, _ = lm_loss(self.train_model, batch, self.pad_id)
                 else:
@@ -257,9 +284,10 @@ class Trainer:
             total += loss.detach() / self.accumulation
             samples += (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0] * size
         want_layers = cfg.grad_norm_every and (step + 1) % cfg.grad_norm_every == 0
-        layers = layer_grad_norms(self.model) if want_layers else None
+        layers = layer_grad_norms(self.model, self.world if self.sharded else None) if want_layers else None
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(mean_across(total, self.world)), grad_norm, samples, layers
@@ -276,8 +304,8 @@ class Trainer:
 
     def _checkpoint(self) -> Path | None:
         folder = None
-        if self.world.is_main:
-            folder = save_checkpoint(self.run_dir, self.model, self.optimizer, self.state)
+        if self.world.is_main or self.sharded:  # sharded weights are gathered by every rank
+            folder = save_checkpoint(self.run_dir, self.model, self.optimizer, self.state, sharded=self.sharded, write=self.world.is_main)
         barrier(self.world)
         return folder
 
