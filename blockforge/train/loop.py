@@ -147,6 +147,7 @@ class Trainer:
 
         self.recipe = recipe
         self.cfg = cfg = recipe.train
+        self.result: TrainResult | None = None  # set when the run ends
         self.run_dir = Path(run_dir)
         self.device = pick_device(cfg.device)
         self.world: World = init_world(self.device.type)
@@ -372,7 +373,7 @@ class Trainer:
                     yield {"step": step, "metrics": metrics, "checkpoint": folder, "done": step == cfg.steps, "diverged": False}
         finally:
             bar.close()
-        if self.state["step"] >= cfg.steps and not hasattr(self, "result"):
+        if self.state["step"] >= cfg.steps and self.result is None:
             self.result = TrainResult("completed", self.state["step"], self.state["metrics"], "already finished", self.run_dir)
 
     def run(self) -> TrainResult:
