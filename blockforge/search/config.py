@@ -108,7 +108,7 @@ class SearchFile:
     cells: dict[str, list[Any]] = field(default_factory=dict)
     space: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
-    trials_per_cell: int | None = None  # default: 8, or the grid size with the grid sampler
+    trials_per_cell: int | None = None  # trials trained per cell (duplicates are free); default 8, or the grid size
     objective: Objective = field(default_factory=Objective)
     scheduler: Scheduler | None = None
     sampler: Sampler = field(default_factory=lambda: Sampler(tpe=SeededSampler()))
@@ -275,7 +275,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
     probes = [{}] + spec.baselines
-    steps = eval_every = None
+    steps = eval_every = warmup = None
     for cell in cells:
         for probe in probes:
             try:
@@ -283,11 +283,16 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
             except SpecError as err:
                 where = f"cell {cell_name(cell)}" + (f" with baseline {probe}" if probe else "")
                 raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
-            steps, eval_every = recipe.train.steps, recipe.train.eval_every
+            steps, eval_every, warmup = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
 
     asha = spec.scheduler.asha if spec.scheduler is not None else None
     if asha is not None and asha.grace_steps > steps:
         raise fail(f"grace_steps {asha.grace_steps} is more than the {steps} steps of a trial", "scheduler.asha.grace_steps")
+    if asha is not None and asha.grace_steps <= warmup:
+        raise fail(
+            f"grace_steps {asha.grace_steps} ends inside the {warmup}-step learning-rate warmup, where losses do not rank "
+            f"trials yet; set it above {warmup}", "scheduler.asha.grace_steps",
+        )
     if asha is not None and (eval_every == 0 or eval_every > asha.grace_steps):
         # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
         eval_every = asha.grace_steps

@@ -21,6 +21,9 @@ from blockforge.search.config import SearchPlan, trial_identity
 from blockforge.search.ledger import Ledger, TrialRecord
 
 OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
+# Duplicates and invalid combinations cost nothing and do not use a cell's trial budget; a cell whose
+# sampler keeps proposing only those has exhausted its space and closes after this many in a row.
+FREE_ASKS_IN_A_ROW = 10
 
 
 def make_sampler(plan: SearchPlan, cell_index: int):
@@ -60,7 +63,9 @@ class CellSearcher(Searcher):
             )
             for i, name in enumerate(names)
         }
-        self.asked = dict.fromkeys(names, 0)
+        self.asked = dict.fromkeys(names, 0)  # sampler asks: the trial numbers
+        self.runs = dict.fromkeys(names, 0)  # trials sent to train: the budget
+        self.free_streak = dict.fromkeys(names, 0)  # asks in a row that needed no training
         self.turn = 0
         self.live: dict[str, dict] = {}  # Tune trial id -> {cell, number, identity, ...}
         self.done: dict[tuple[str, str], dict] = {}  # (cell, identity) -> outcome of the first trial with it
@@ -75,7 +80,7 @@ class CellSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict | None:
         names = list(self.cells)
         while True:
-            open_cells = [n for n in names if self.asked[n] < self.plan.trials_per_cell]
+            open_cells = [n for n in names if self.runs[n] < self.plan.trials_per_cell and self.free_streak[n] < FREE_ASKS_IN_A_ROW]
             if not open_cells:
                 return Searcher.FINISHED
             name = names[self.turn % len(names)]
@@ -83,8 +88,12 @@ class CellSearcher(Searcher):
             if name not in open_cells:
                 continue
             config = self._ask(name, trial_id)
-            if config is not None:
-                return config
+            if config is None:
+                self.free_streak[name] += 1
+                continue
+            self.free_streak[name] = 0
+            self.runs[name] += 1
+            return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         info = self.live.get(trial_id)
