@@ -6,7 +6,7 @@ process so machine noise hits every model alike; peak memory is measured per mod
 subprocess. Prints ratios (blockforge / reference; Mix-LN / Pre-LN).
 
     python benchmarks/step_time.py                 # CPU-sized configs
-    python benchmarks/step_time.py --compile       # also torch.compile every model
+    python benchmarks/step_time.py --compile       # compiled: blockforge per block (as train.compile does), references whole
     python benchmarks/step_time.py --device cuda   # on a GPU (peak memory from the CUDA allocator)
 """
 
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()))
-    parser.add_argument("--compile", action="store_true", help="torch.compile every model (after a warm-up)")
+    parser.add_argument("--compile", action="store_true", help="compile: blockforge per block (train.compile), the references whole")
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -166,12 +166,21 @@ def main() -> None:
     for family, names in groups.items():
         built = {n: build(n, args.device, dtype) for n in names}
         if args.compile:
-            built = {n: (torch.compile(m), mb, lf) for n, (m, mb, lf) in built.items()}
+            from blockforge.train.speed import compile_blocks
+
+            for n, (m, mb, lf) in list(built.items()):
+                if n.startswith("bf-"):
+                    compile_blocks(m)
+                else:
+                    built[n] = (torch.compile(m), mb, lf)
         batch = built[names[0]][1](args.batch)
         times: dict[str, list[float]] = {n: [] for n in names}
         for n in names:  # warm-up (and compile)
+            start = time.perf_counter()
             for _ in range(2):
                 step(built[n][0], built[n][2], batch, args.device)
+            if args.compile:
+                print(f"  {n}: first two steps (compile included) {time.perf_counter() - start:.1f} s")
         for r in range(args.rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
                 times[n].append(step(built[n][0], built[n][2], batch, args.device))

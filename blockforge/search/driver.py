@@ -124,6 +124,10 @@ def run_search(
         raise BlockforgeError(f"{search_dir}: cannot write the search there ({err.strerror or err}); choose another --out") from None
 
     started_here = ensure_ray(address, plan)
+    import logging
+
+    # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
+    logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
     from ray import tune
 
     from blockforge.search.searcher import OBJECTIVE, CellScheduler, CellSearcher
