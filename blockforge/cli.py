@@ -197,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=cmd_eval)
 
+    from blockforge.analysis.cli import add_analyze_parser
+
+    add_analyze_parser(sub)
+
     p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
     p.add_argument("file", help="a search YAML file (see searches/)")
     p.add_argument("--out", help="the search folder (default: runs/search-<name>)")

@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
 from conftest import write_search  # noqa: E402
 
 from blockforge.search.driver import run_search  # noqa: E402

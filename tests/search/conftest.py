@@ -1,21 +1,12 @@
 """One local Ray for the whole test session (on loopback, object store capped) and tiny search files."""
 
 import os
-import random
 from pathlib import Path
 
 import pytest
 import yaml
 
-WORDS = "the layer norm weight gradient loss step data token batch model value list string object returns when each".split()
-
-
-def write_corpus(path: Path, documents: int = 200) -> Path:
-    rng = random.Random(0)
-    paragraphs = [f"Part {i}. " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + "." for i in range(documents)]
-    path.write_text("\n\n".join(paragraphs) + "\n")
-    return path
-
+from tiny_data import write_corpus
 
 def write_search(folder: Path, **changes) -> Path:
     """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus; `changes` replace top-level keys."""
