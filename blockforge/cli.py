@@ -72,7 +72,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     counts = Counter(layer.placement for layer in spec.layers)
     print()
     print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
-    print(f"placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
+    print("placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
     print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
     print(f"arch hash    {spec.arch_hash()}")
     if args.memory:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, atomic_write_text
+from blockforge.io import atomic_write_json, atomic_write_text, writable_folder
 from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
 from blockforge.spec.model import ResolvedSpec
 from blockforge.spec.recipe import read_yaml
@@ -104,10 +104,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_
         raise BlockforgeError(f"{out_dir}: export into a new folder, not the run folder itself")
     model = load(run_dir)
     spec = model.spec
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise BlockforgeError(f"{out_dir}: cannot create the export folder ({err.strerror or err}); choose another --out") from None
+    writable_folder(out_dir, "the export")
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {"status": "partial"}
     data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").exists() else {}
     recipe = read_yaml(run_dir / "recipe.yaml") if (run_dir / "recipe.yaml").exists() else {}

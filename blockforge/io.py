@@ -36,3 +36,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def writable_folder(path: str | os.PathLike, what: str) -> Path:
+    """Create `path` and check a file can be written there; else one sentence naming it (what: 'the run')."""
+    from blockforge.errors import BlockforgeError
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise BlockforgeError(f"{path}: cannot write {what} there ({err.strerror or err}); choose another --out") from None
+    return path

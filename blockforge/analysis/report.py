@@ -20,7 +20,7 @@ from blockforge.analysis import measures
 from blockforge.analysis.plots import plot
 from blockforge.analysis.targets import Samples, label_targets, open_target, target_dataset, trained_model, untrained_model
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json
+from blockforge.io import atomic_write_json, writable_folder
 
 RECORD_FORMAT = 1
 DEFAULT_TOKENS = 256 * 1024  # LM tokens for angular distance and layer-drop
@@ -48,16 +48,6 @@ def _check_settings(paths, out: Path, chosen: dict, tokens, images, seeds, batch
         raise BlockforgeError("--seeds needs at least one seed, e.g. --seeds 0,1,2")
     if out.exists() and not out.is_dir():
         raise BlockforgeError(f"{out}: is a file; give a folder for --out")
-
-
-def _writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise BlockforgeError(f"{out}: cannot write the analysis there ({err.strerror or err}); choose another --out") from None
 
 
 def _nan_to_none(table: np.ndarray) -> list:
@@ -111,7 +101,7 @@ def analyze(
                     f"--drop-metric {drop_metric} does not apply to {target.path} ({target.recipe.model.family}); "
                     f"choose one of: {', '.join(measures.LAYER_DROP_METRICS[kind])}"
                 )
-    _writable(out)
+    writable_folder(out, "the analysis")
     torch_device = pick_device(device)
 
     inputs = {

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json
+from blockforge.io import atomic_write_json, writable_folder
 from blockforge.search.config import SearchPlan, load_search
 from blockforge.search.ledger import Ledger, TrialRecord, best_records
 
@@ -117,11 +116,8 @@ def run_search(
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
     if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
         raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
-    try:
-        search_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
-    except OSError as err:
-        raise BlockforgeError(f"{search_dir}: cannot write the search there ({err.strerror or err}); choose another --out") from None
+    writable_folder(search_dir, "the search")
+    atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
 
     started_here = ensure_ray(address, plan)
     import logging

@@ -11,7 +11,6 @@ trials of one cell.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher

@@ -22,7 +22,7 @@ import yaml
 from torch import nn
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, atomic_write_text
+from blockforge.io import atomic_write_json, atomic_write_text, writable_folder
 from blockforge.nn.build import build_model
 from blockforge.spec.recipe import Recipe
 from blockforge.spec.resolve import resolve
@@ -130,13 +130,7 @@ def evaluate(model: nn.Module, batches: list, kind: str, device: torch.device, p
 
 def prepare_run_dir(path: Path, resume: bool) -> None:
     """Create the run folder; refuse to overwrite a finished or started run unless resuming."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise BlockforgeError(f"{path}: cannot write the run there ({err.strerror or err}); choose another --out") from None
+    writable_folder(path, "the run")
     if not resume and (latest_checkpoint(path) is not None or (path / "result.json").exists()):
         raise BlockforgeError(f"{path}: already holds a run; pass --resume to continue it, or choose another --out")
 

@@ -2,8 +2,6 @@
 
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
