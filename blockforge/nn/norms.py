@@ -17,8 +17,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 -> fp32, fp64 stays
-        normed = F.rms_norm(wide, (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return normed * self.weight
+        return F.rms_norm(wide, (x.shape[-1],), weight=self.weight.to(wide.dtype), eps=self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
