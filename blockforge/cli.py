@@ -106,6 +106,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"blockforge: {result.message} (run folder {out})", file=sys.stderr)
         return EXIT_DIVERGED
     print(f"{result.status} at step {result.step}: {_format_metrics(result.metrics)}")
+    unigram = trainer.data_info.get("unigram_val_ppl")
+    if unigram is not None and "val_ppl" in result.metrics:
+        print(f"baseline: a unigram model of the same tokens has val_ppl {unigram:.2f}")
     print(f"run folder: {out}")
     return 0
 

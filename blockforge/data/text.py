@@ -180,6 +180,7 @@ class TextDataset:
             "vocab_size": self.tokenizer.vocab_size,
             "seq_len": self.seq_len,
             "pack": self.pad_id is None,
+            "unigram_val_ppl": round(self.unigram_perplexity(), 2),
         }
 
 

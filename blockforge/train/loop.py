@@ -14,7 +14,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +178,7 @@ class Trainer:
             self.state.update(load_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
         self._tensorboard = self._open_tensorboard() if cfg.tensorboard and self.world.is_main else None
+        self.data_info: dict[str, Any] = {}  # the data's description; filled on the main rank
         if self.world.is_main:
             self._write_run_files()
             self._trim_metrics(self.state["step"])
@@ -229,7 +230,8 @@ class Trainer:
     def _write_run_files(self) -> None:
         atomic_write_text(self.run_dir / "recipe.yaml", yaml.safe_dump(to_plain(self.recipe), sort_keys=False))
         save_spec(self.spec, self.run_dir / "spec.yaml")
-        atomic_write_json(self.run_dir / "data.json", self.data.describe())
+        self.data_info = self.data.describe()
+        atomic_write_json(self.run_dir / "data.json", self.data_info)
 
     def _trim_metrics(self, step: int) -> None:
         """Drop metric lines past the checkpoint being resumed, so the log reads as one clean run."""
