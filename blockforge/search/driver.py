@@ -58,8 +58,12 @@ class ProgressView:
         elapsed = time.time() - self.started
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
         best = best_records(records, self.plan.mode)
-        parts = [f"{cell}: {self.plan.metric} {r.value:.4g} (alpha {r.alpha}, {r.post_ln_layers} post)" for cell, r in sorted(best.items()) if r.alpha is not None]
-        parts += [f"{cell}: {self.plan.metric} {r.value:.4g}" for cell, r in sorted(best.items()) if r.alpha is None]
+        parts = []
+        for cell in self.plan.cell_names():
+            r = best.get(cell)
+            if r is not None:
+                shape = f" (alpha {r.alpha:.3g}: {r.post_ln_layers} Post-LN)" if r.alpha is not None else ""
+                parts.append(f"{cell}: {self.plan.metric} {r.value:.4g}{shape}")
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
     def update(self, force: bool = False) -> None:

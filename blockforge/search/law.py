@@ -2,7 +2,10 @@
 
 Each candidate is fitted by least squares to the best alpha of every cell. The comparison uses AICc
 (small-sample corrected) and leave-one-out error; the verdict says plainly when the data cannot tell
-the forms apart (too few cells, or AICc differences under 2).
+the forms apart (too few cells, or AICc differences under 2). Because alpha only matters through
+floor(alpha * L), a point may carry `alpha_range` [low, high): every alpha in it builds the same model.
+Each fit counts the cells whose range holds its prediction, and the verdict names the other laws that
+hit every range, which the data cannot rule out however the residuals compare.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class LawFit:
     rmse: float
     aicc: float
     loo_rmse: float
+    in_range: int  # cells whose range of equivalent alphas holds the law's prediction
 
 
 @dataclass
@@ -57,6 +61,10 @@ def fit_alpha_law(points: list[dict]) -> LawReport:
     L = np.array([p["depth"] for p in usable], dtype=float)
     W = np.array([p.get("width") or 256 for p in usable], dtype=float)
     y = np.array([p["alpha"] for p in usable], dtype=float)
+    # A best alpha is only known to within its range: residuals below that resolution (the variance of a
+    # uniform error over each range, w^2 / 12) carry no information, so AICc never rewards fitting inside it.
+    widths = np.array([np.subtract(*p["alpha_range"][::-1]) if p.get("alpha_range") else 0.0 for p in usable], dtype=float)
+    rss_floor = float(np.sum(widths**2) / 12.0)
     for name, (formula, k, model, guess) in LAWS.items():
         if n < k or (name == "c*W^b/L" and len(set(W)) < 2) or (name == "a+b*log(L)" and len(set(L)) < 2):
             continue
@@ -64,7 +72,7 @@ def fit_alpha_law(points: list[dict]) -> LawReport:
         residual = model(params, L, W) - y
         rss = float(np.sum(residual**2))
         rmse = math.sqrt(rss / n)
-        aicc = n * math.log(max(rss / n, 1e-12)) + 2 * k + (2 * k * (k + 1) / (n - k - 1) if n - k - 1 > 0 else math.inf)
+        aicc = n * math.log(max(rss, rss_floor, 1e-12) / n) + 2 * k + (2 * k * (k + 1) / (n - k - 1) if n - k - 1 > 0 else math.inf)
         loo = []
         for i in range(n):
             keep = np.arange(n) != i
@@ -72,10 +80,23 @@ def fit_alpha_law(points: list[dict]) -> LawReport:
                 p_i = _fit_one(model, guess, L[keep], W[keep], y[keep])
                 loo.append(float(model(p_i, L[i : i + 1], W[i : i + 1])[0] - y[i]))
         loo_rmse = math.sqrt(float(np.mean(np.square(loo)))) if loo else math.nan
-        report.fits.append(LawFit(name, formula, [float(v) for v in params], rmse, aicc, loo_rmse))
+        predicted = model(params, L, W)
+        in_range = sum(_holds(p.get("alpha_range"), float(v)) for p, v in zip(usable, predicted))
+        report.fits.append(LawFit(name, formula, [float(v) for v in params], rmse, aicc, loo_rmse, in_range))
     report.fits.sort(key=lambda f: (f.aicc, f.rmse))
     report.verdict = _verdict(report.fits, n, len(set(L)))
+    if all(p.get("alpha_range") for p in usable):
+        consistent = [f.name for f in report.fits[1:] if f.in_range == n]
+        if consistent:
+            report.verdict += f" Also inside every cell's range of equivalent alphas: {', '.join(consistent)}; finer depths would separate them."
     return report
+
+
+def _holds(alpha_range: list[float] | None, value: float) -> bool:
+    if not alpha_range:
+        return False
+    low, high = alpha_range
+    return low - 1e-9 <= value < high or (low == high and abs(value - low) < 1e-9)
 
 
 def _verdict(fits: list[LawFit], n: int, depths: int) -> str:

@@ -13,7 +13,7 @@ from blockforge.io import atomic_write_json, atomic_write_text
 from blockforge.search.config import SearchPlan
 from blockforge.search.law import LawReport, fit_alpha_law
 from blockforge.search.ledger import Ledger, TrialRecord, best_records
-from blockforge.spec.resolve import resolve
+from blockforge.spec.resolve import mix_ln_count, resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 
@@ -33,7 +33,7 @@ def _fmt(value) -> str:
 def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[list]]:
     """The summary table: per cell, trial counts by status, the best trial and the uniform Pre-LN baseline."""
     best = best_records(records, plan.mode)
-    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha", "post-LN layers", f"best {plan.metric}", f"{plan.metric} at alpha 0"]
+    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha range", "post-LN layers", f"best {plan.metric}", f"{plan.metric} at alpha 0"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
@@ -41,18 +41,45 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], 
         pre = [r.value for r in mine if r.alpha == 0.0 and r.status in ("completed", "duplicate") and r.value is not None]
         b = best.get(cell)
         rows.append([cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
-                     _fmt(b.alpha) if b else "-", _fmt(b.post_ln_layers) if b else "-", _fmt(b.value) if b else "-", _fmt(pre[0]) if pre else "-"])
+                     alpha_range_text(b, plan, cell) if b else "-", _fmt(b.post_ln_layers) if b else "-", _fmt(b.value) if b else "-",
+                     _fmt(pre[0]) if pre else "-"])
     return headers, rows
 
 
+def alpha_range(alpha: float, depth: int) -> tuple[float, float]:
+    """Every alpha in [low, high) builds the same stack as `alpha` at this depth: floor(alpha * depth) Post-LN layers."""
+    k = mix_ln_count(alpha, depth)
+    return k / depth, (min(k + 1, depth) / depth if k < depth else 1.0)
+
+
+def alpha_range_text(record: TrialRecord, plan: SearchPlan, cell: str) -> str:
+    if record.alpha is None:
+        return "-"
+    low, high = alpha_range(record.alpha, cell_depth(plan, cell))
+    return f"{low:.4g}" if low == high else f"{low:.4g}-{high:.4g}"
+
+
+def cell_depth(plan: SearchPlan, cell: str) -> int:
+    return plan.recipe(plan.trial_overrides(plan.cell(cell), {})).model.depth
+
+
 def law_points(plan: SearchPlan, records: list[TrialRecord]) -> list[dict]:
-    """The best alpha of each cell with the cell's depth and width (from the resolved base recipe)."""
+    """The best alpha of each cell with the cell's depth and width (from the resolved base recipe).
+
+    A trial's sampled alpha is one arbitrary point of the range that builds its model, so the law is
+    fitted to the fraction of Post-LN layers that model has, k / L (the low end of the range); the
+    sampled value and the whole range are kept beside it.
+    """
     points = []
-    for cell, record in best_records(records, plan.mode).items():
-        if record.alpha is None:
+    best = best_records(records, plan.mode)
+    for cell in plan.cell_names():
+        record = best.get(cell)
+        if record is None or record.alpha is None:
             continue
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
-        points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": record.alpha,
+        low, high = alpha_range(record.alpha, recipe.model.depth)
+        points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": low,
+                       "alpha_range": [low, high], "sampled_alpha": record.alpha,
                        "post_ln_layers": record.post_ln_layers, "value": record.value})
     return points
 
@@ -107,15 +134,17 @@ def plot_best_alpha(points: list[dict], law: LawReport, path: Path) -> None:
     widths = sorted({p["width"] for p in points})
     depths = np.array(sorted({p["depth"] for p in points}), dtype=float)
     for width in widths:
-        mine = sorted((p["depth"], p["alpha"]) for p in points if p["width"] == width)
-        ax.plot(*zip(*mine), "o-", label=f"best alpha, width {width}")
+        mine = sorted((p["depth"], p["alpha"], p["alpha_range"][1]) for p in points if p["width"] == width)
+        depth, low, high = (np.array(v, dtype=float) for v in zip(*mine))
+        line = ax.plot(depth, low, "o-", label=f"best k/L, width {width}")[0]
+        ax.errorbar(depth, low, yerr=[np.zeros_like(low), high - low], fmt="none", ecolor=line.get_color(), alpha=0.5, capsize=3)
     if law.fits and len(depths) > 1:
         grid = np.linspace(depths.min(), depths.max(), 100)
         best = law.fits[0]
         for width in widths:
             ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"{best.formula} (width {width})")
     ax.set_xlabel("depth L")
-    ax.set_ylabel("best alpha")
+    ax.set_ylabel("best alpha (bars: every alpha giving the same model)")
     ax.set_title("best Mix-LN alpha per cell")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -148,10 +177,12 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     plot_metric_vs_alpha(plan, records, search_dir / "metric_vs_alpha.png")
     if points:
         plot_best_alpha(points, law, search_dir / "best_alpha_vs_depth.png")
-    fits = _markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE"],
-                           [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}"] for f in law.fits])
-    data = _markdown_table(["cell", "depth", "width", "best alpha", "post-LN layers", plan.metric],
-                           [[p["cell"], p["depth"], p["width"], _fmt(p["alpha"]), p["post_ln_layers"], _fmt(p["value"])] for p in points])
+    fits = _markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
+                           [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}",
+                             f"{f.in_range}/{len(points)}"] for f in law.fits])
+    data = _markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", plan.metric],
+                           [[p["cell"], p["depth"], p["width"], _fmt(p["alpha"]), _fmt(p["alpha_range"][1]), p["post_ln_layers"], _fmt(p["value"])]
+                            for p in points])
     summary = f"""# Search {plan.name}
 
 Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}.
@@ -161,6 +192,9 @@ Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_
 Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, `best_alpha_vs_depth.png`.
 
 ## alpha_opt(depth, width)
+
+Each cell's best model has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
+below are fitted to k/L.
 
 {data}
 
