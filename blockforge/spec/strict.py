@@ -137,11 +137,16 @@ def parse(cls: type, data: Any, path: str = "") -> Any:
     for name, field in fields.items():
         if name in data:
             kwargs[name] = parse_value(hints[name], data[name], _join(path, name), field.metadata.get("choices"))
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+        elif field.default_factory is not dataclasses.MISSING:
+            kwargs[name] = _checked(field.default_factory(), _join(path, name))  # defaults fill in like written values
+        elif field.default is dataclasses.MISSING:
             raise SpecError(f"is required ({field.metadata.get('help', describe_type(hints[name]))})", path=_join(path, name))
-    instance = cls(**kwargs)
+    return _checked(cls(**kwargs), path)
+
+
+def _checked(instance: Any, path: str) -> Any:
     check = getattr(instance, "check", None)
-    if check is not None:
+    if dataclasses.is_dataclass(instance) and check is not None:
         check(path)
     return instance
 
