@@ -52,9 +52,12 @@ class ProgressView:
         self.started = time.time()
         self.last = 0.0
 
-    def line(self) -> str:
+    def line(self, tune_trials: list | None = None) -> str:
         records = self.ledger.records()
         counts = {s: sum(r.status == s for r in records) for s in ("running", "completed", "pruned", "diverged", "failed", "duplicate")}
+        if tune_trials is not None:  # Tune knows which started trials wait for resources
+            counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
+            counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}
         elapsed = time.time() - self.started
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
         best = best_records(records, self.plan.mode)
@@ -66,11 +69,11 @@ class ProgressView:
                 parts.append(f"{cell}: {self.plan.metric} {r.value:.4g}{shape}")
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
-    def update(self, force: bool = False) -> None:
+    def update(self, force: bool = False, tune_trials: list | None = None) -> None:
         now = time.time()
         if force or now - self.last >= self.every_s:
             self.last = now
-            print(self.line(), flush=True)
+            print(self.line(tune_trials), flush=True)
 
 
 def _tune_callback(view: ProgressView):
@@ -78,13 +81,13 @@ def _tune_callback(view: ProgressView):
 
     class Live(Callback):
         def on_trial_complete(self, iteration, trials, trial, **info):
-            view.update()
+            view.update(tune_trials=trials)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            view.update()
+            view.update(tune_trials=trials)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.update()
+            view.update(tune_trials=trials)
 
     return Live()
 
