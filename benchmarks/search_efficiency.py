@@ -5,7 +5,7 @@ full budget with two seeds (their spread is the noise floor); ASHA + TPE searche
 one seed. Printed per cell: the grid's best alpha, its runner-up gap and seed noise, the alpha ASHA + TPE
 chose and whether it is the grid's best or within noise of it, and the fraction of steps it spent.
 
-    python benchmarks/search_efficiency.py [--depths 8 12] [--steps 150] [--out runs/bench-efficiency]
+    python benchmarks/search_efficiency.py [--depths 8 12] [--steps 150] [--trial-fraction 0.5] [--grace-fraction 0.25]
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def alphas(depth: int) -> list[float]:
     return [round(k / depth + 1e-4, 5) if k else 0.0 for k in range(depth // 2 + 1)]
 
 
-def write_search(folder: Path, name: str, depth: int, steps: int, seed: int, asha: bool) -> Path:
+def write_search(folder: Path, name: str, depth: int, steps: int, seed: int, asha: bool,
+                 trial_fraction: float = 0.5, grace_fraction: float = 0.25) -> Path:
     grid = alphas(depth)
     search = {
         "name": name, "base": BASE, "steps": steps,
@@ -41,9 +42,10 @@ def write_search(folder: Path, name: str, depth: int, steps: int, seed: int, ash
         "resources": {"cpu": 1},
     }
     if asha:
-        # TPE trains ~60% of the alphas; ASHA compares them a third of the way in (after warmup) and keeps a third.
-        search.update(space={"model.layers.mix_ln.alpha": {"choice": grid}}, trials_per_cell=math.ceil(0.6 * len(grid)),
-                      scheduler={"asha": {"grace_steps": steps // 3, "reduction_factor": 3}},
+        # TPE trains a fraction of the alphas; ASHA compares them after its grace period (past the 10% warmup)
+        # and keeps a third at each rung.
+        search.update(space={"model.layers.mix_ln.alpha": {"choice": grid}}, trials_per_cell=math.ceil(trial_fraction * len(grid)),
+                      scheduler={"asha": {"grace_steps": int(steps * grace_fraction), "reduction_factor": 3}},
                       sampler={"tpe": {"seed": seed, "startup_trials": 2}}, baselines=[{"model.layers.mix_ln.alpha": 0.0}])
     else:
         search.update(space={"model.layers.mix_ln.alpha": {"grid": grid}}, sampler={"grid": {}},
@@ -62,6 +64,8 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=[8, 12])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--out", default="runs/bench-efficiency")
+    parser.add_argument("--trial-fraction", type=float, default=0.5, help="ASHA + TPE trials per cell, as a fraction of the grid")
+    parser.add_argument("--grace-fraction", type=float, default=0.25, help="ASHA grace period, as a fraction of the steps")
     args = parser.parse_args()
     out = Path(args.out)
     if out.exists():
@@ -80,7 +84,8 @@ def main() -> None:
             if seed == 0:
                 grid_steps = steps_spent(outcome.records)
         name = f"asha-d{depth}"
-        outcome = run_search(write_search(out, name, depth, args.steps, 0, asha=True), out=out / name, progress_every_s=1e9)
+        path = write_search(out, name, depth, args.steps, 0, asha=True, trial_fraction=args.trial_fraction, grace_fraction=args.grace_fraction)
+        outcome = run_search(path, out=out / name, progress_every_s=1e9)
         chosen = min((r for r in outcome.records if r.status == "completed"), key=lambda r: r.value)
         means = {k: statistics.mean(v) for k, v in grid_values.items()}
         noise = statistics.mean(abs(v[0] - v[1]) for v in grid_values.values() if len(v) == 2)
