@@ -26,14 +26,15 @@ def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.de
 
 
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[2j], x[2j+1]) of x (B, T, nh, hs) by its angle: one complex multiply.
+    """Rotate each pair (x[2j], x[2j+1]) of x (B, T, ..., hs) by its angle: one complex multiply.
 
     Pairs are adjacent (interleaved RoPE, as in the original LLaMA code). Hugging Face's LLaMA pairs
     x[j] with x[j + hs/2] instead; convert.py permutes query/key rows so both give the same logits.
     """
     wide = x.to(torch.promote_types(x.dtype, torch.float32))  # complex needs float32 or float64
-    pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # (B, T, nh, hs/2)
-    return torch.view_as_real(pairs * rotations[:, None, :]).flatten(-2).type_as(x)
+    pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # (B, T, ..., hs/2)
+    per_position = rotations.view(rotations.shape[0], *[1] * (pairs.dim() - 3), rotations.shape[1])
+    return torch.view_as_real(pairs * per_position).flatten(-2).type_as(x)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -76,9 +77,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_dim).unbind(2)  # each (B, T, nh, hs)
-        if rope is not None:
-            q, k = apply_rope(q, rope[self.head_dim]), apply_rope(k, rope[self.head_dim])
+        qkv = self.qkv(x).view(B, T, 3, self.heads, self.head_dim)
+        if rope is not None:  # q and k rotated together: one multiply forward and one backward
+            q, k = apply_rope(qkv[:, :, :2], rope[self.head_dim]).unbind(2)  # each (B, T, nh, hs)
+            v = qkv[:, :, 2]
+        else:
+            q, k, v = qkv.unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
         y = ATTENTION_BACKENDS[self.backend](q, k, v, self.causal)  # (B, nh, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
