@@ -1,0 +1,23 @@
+"""The GPU throughput script runs end to end on tiny configs, so it can run unchanged on a GPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_throughput_script_runs_on_tiny_configs(tmp_path):
+    out = tmp_path / "throughput.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--device", "cpu", "--tiny", "--no-compile",
+               "--sizes", "130m", "--steps", "1", "--warmup", "1", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["numerics"]["ok"] and result["numerics"]["fp32_vs_hf_max_abs_logit"] <= 1e-4
+    models = {row["model"] for row in result["rows"]}
+    assert models == {"llama-130m blockforge pre", "llama-130m blockforge mix", "llama-130m hf LlamaForCausalLM",
+                      "vit-small blockforge pre", "vit-small blockforge mix", "vit-small timm VisionTransformer"}
+    assert all(row["tok_or_img_per_s"] > 0 for row in result["rows"])
+    assert "blockforge pre / HF" in done.stdout
