@@ -11,30 +11,43 @@ from torch import nn
 
 from blockforge.errors import BlockforgeError
 
-Rope = dict[int, torch.Tensor]  # head_dim -> complex rotations (T, head_dim / 2)
+Rope = dict[int, torch.Tensor]  # head_dim -> (cos, sin) of every rotation angle, (T, head_dim / 2, 2) float32
 
 
 def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device) -> Rope:
-    """Rotations e^(i t w_j) for positions t = 0..length-1 and frequencies w_j = theta^(-2j/dim), in float32."""
+    """cos and sin of t w_j for positions t = 0..length-1 and frequencies w_j = theta^(-2j/dim), in float32."""
     positions = torch.arange(length, device=device, dtype=torch.float32)
     tables = {}
     for dim in head_dims:
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).float() / dim))
         angles = torch.outer(positions, inv_freq)  # (T, dim/2)
-        tables[dim] = torch.polar(torch.ones_like(angles), angles)
+        tables[dim] = torch.stack((angles.cos(), angles.sin()), dim=-1)
     return tables
 
 
-def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[2j], x[2j+1]) of x (B, T, ..., hs) by its angle: one complex multiply.
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[2j], x[2j+1]) of x (B, T, ..., hs) by its angle t w_j.
 
     Pairs are adjacent (interleaved RoPE, as in the original LLaMA code). Hugging Face's LLaMA pairs
     x[j] with x[j + hs/2] instead; convert.py permutes query/key rows so both give the same logits.
+    Eager mode does it as one complex multiply; under torch.compile, whose code generator has no complex
+    kernels, as the same rotation in real arithmetic, which it fuses.
     """
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # complex needs float32 or float64
-    pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # (B, T, ..., hs/2)
-    per_position = rotations.view(rotations.shape[0], *[1] * (pairs.dim() - 3), rotations.shape[1])
-    return torch.view_as_real(pairs * per_position).flatten(-2).type_as(x)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    pairs = wide.reshape(*x.shape[:-1], -1, 2)  # (B, T, ..., hs/2, 2)
+    table = table.view(table.shape[0], *[1] * (pairs.dim() - 4), *table.shape[1:])  # broadcast over batch and heads
+    rotate = rotate_pairs_real if torch.compiler.is_compiling() else rotate_pairs_complex
+    return rotate(pairs, table).flatten(-2).type_as(x)
+
+
+def rotate_pairs_complex(pairs: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(table))
+
+
+def rotate_pairs_real(pairs: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    a, b = pairs.unbind(-1)
+    cos, sin = table.unbind(-1)
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -154,3 +154,17 @@ def test_lns_scale_follows_layer_index():
 def test_unknown_placement_raises_with_known_names():
     with pytest.raises(SpecError, match="choose one of: pre, post"):
         get_placement("postt")
+
+
+@pytest.mark.parametrize("rotate", ["rotate_pairs_complex", "rotate_pairs_real"])
+def test_both_rope_paths_follow_the_formula(rotate):
+    """Eager rotates with a complex multiply, compiled code in real arithmetic: both are the same rotation."""
+    from blockforge.nn import attention
+
+    torch.manual_seed(0)
+    B, T, nh, hs = 2, 7, 3, 8
+    x = torch.randn(B, T, nh, hs)
+    table = attention.rope_tables({hs}, T, 10000.0, torch.device("cpu"))[hs].view(T, 1, hs // 2, 2)
+    got = getattr(attention, rotate)(x.reshape(B, T, nh, hs // 2, 2), table).flatten(-2)
+    expected = _rope(x.transpose(1, 2), T).transpose(1, 2)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
