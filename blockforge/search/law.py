@@ -63,7 +63,7 @@ def fit_alpha_law(points: list[dict]) -> LawReport:
     y = np.array([p["alpha"] for p in usable], dtype=float)
     # A best alpha is only known to within its range: residuals below that resolution (the variance of a
     # uniform error over each range, w^2 / 12) carry no information, so AICc never rewards fitting inside it.
-    widths = np.array([np.subtract(*p["alpha_range"][::-1]) if p.get("alpha_range") else 0.0 for p in usable], dtype=float)
+    widths = np.array([p["alpha_range"][1] - p["alpha_range"][0] if p.get("alpha_range") else 0.0 for p in usable], dtype=float)
     rss_floor = float(np.sum(widths**2) / 12.0)
     for name, (formula, k, model, guess) in LAWS.items():
         if n < k or (name == "c*W^b/L" and len(set(W)) < 2) or (name == "a+b*log(L)" and len(set(L)) < 2):

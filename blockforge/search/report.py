@@ -49,7 +49,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], 
 def alpha_range(alpha: float, depth: int) -> tuple[float, float]:
     """Every alpha in [low, high) builds the same stack as `alpha` at this depth: floor(alpha * depth) Post-LN layers."""
     k = mix_ln_count(alpha, depth)
-    return k / depth, (min(k + 1, depth) / depth if k < depth else 1.0)
+    return k / depth, ((k + 1) / depth if k < depth else 1.0)
 
 
 def alpha_range_text(record: TrialRecord, plan: SearchPlan, cell: str) -> str:

@@ -146,7 +146,7 @@ def parse(cls: type, data: Any, path: str = "") -> Any:
 
 def _checked(instance: Any, path: str) -> Any:
     check = getattr(instance, "check", None)
-    if dataclasses.is_dataclass(instance) and check is not None:
+    if check is not None:
         check(path)
     return instance
 
