@@ -185,14 +185,21 @@ def main() -> None:
             for n in (names if r % 2 == 0 else names[::-1]):
                 times[n].append(step(built[n][0], built[n][2], batch, args.device))
         median = {n: statistics.median(t) for n, t in times.items()}
+        # Per-round ratios: the two steps of a round ran back to back, so slow drifts of the machine cancel.
+        paired = {
+            "ours/ref": sorted(a / b for a, b in zip(times[names[0]], times[names[2]])),
+            "mix/pre": sorted(a / b for a, b in zip(times[names[1]], times[names[0]])),
+        }
         memory = {} if args.no_memory else {n: peak_memory(n, args) for n in names}
         ours_pre, ours_mix, ref = names
         print(f"\n{family}: batch {args.batch}, {args.device} {args.dtype}, {args.threads} threads{', compiled' if args.compile else ''}")
         for n in names:
             mem = f"  peak +{memory[n] / 2**20:7.1f} MiB" if memory else ""
             print(f"  {n:14s} {median[n] * 1000:8.1f} ms/step{mem}")
-        print(f"  time   blockforge-pre / {ref}: {median[ours_pre] / median[ref]:.3f}")
-        print(f"  time   mix-ln / pre:          {median[ours_mix] / median[ours_pre]:.3f}")
+        for label, key, a, b in ((f"blockforge-pre / {ref}", "ours/ref", ours_pre, ref), ("mix-ln / pre", "mix/pre", ours_mix, ours_pre)):
+            r = paired[key]
+            q1, q3 = r[len(r) // 4], r[(3 * len(r)) // 4]
+            print(f"  time   {label + ':':27s} {median[a] / median[b]:.3f}  (per-round median {statistics.median(r):.3f}, quartiles {q1:.3f}-{q3:.3f})")
         if memory:
             print(f"  memory blockforge-pre / {ref}: {memory[ours_pre] / memory[ref]:.3f}")
             print(f"  memory mix-ln / pre:          {memory[ours_mix] / memory[ours_pre]:.3f}")
