@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 
 from blockforge.errors import BlockforgeError
+from blockforge.tables import text_table
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,20 +26,6 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 (repeatable)",
     )
-
-
-def format_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
-    """A plain-text table; `align` has one 'l' or 'r' per column (default: text left, numbers right)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    if align is None:
-        align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def human_count(n: int) -> str:
@@ -66,7 +53,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         [layer.index, layer.placement, layer.heads, spec.width // layer.heads, layer.ffn, layer.init_scale, layer.lr_mult, f"{n:,}"]
         for layer, n in zip(spec.layers, per_layer)
     ]
-    print(format_table(["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"], rows, "rlrrrrrr"))
+    print(text_table(["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"], rows, "rlrrrrrr"))
     total = parameter_count(model)
     blocks = sum(per_layer)
     counts = Counter(layer.placement for layer in spec.layers)
@@ -80,7 +67,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         plan = memory_plan(recipe, gpus=args.gpus, sharded=args.fsdp)
         print()
-        print(format_table(["memory plan (meta device, nothing allocated)", "size", ""], plan.rows(), "lrl"))
+        print(text_table(["memory plan (meta device, nothing allocated)", "size", ""], plan.rows(), "lrl"))
     return 0
 
 

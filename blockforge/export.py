@@ -21,6 +21,7 @@ from blockforge.nn.build import build_model, layer_parameter_counts, parameter_c
 from blockforge.spec.model import ResolvedSpec
 from blockforge.spec.recipe import read_yaml
 from blockforge.spec.serialize import load_spec, save_spec
+from blockforge.tables import markdown_table
 from blockforge.train.checkpoint import latest_checkpoint, load_weights, save_weights
 
 
@@ -53,10 +54,9 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attenti
 
 
 def architecture_table(spec: ResolvedSpec, model: nn.Module) -> str:
-    lines = ["| layer | placement | heads | ffn | init_scale | lr_mult | parameters |", "|---:|---|---:|---:|---:|---:|---:|"]
-    for layer, count in zip(spec.layers, layer_parameter_counts(model)):
-        lines.append(f"| {layer.index} | {layer.placement} | {layer.heads} | {layer.ffn} | {layer.init_scale:g} | {layer.lr_mult:g} | {count:,} |")
-    return "\n".join(lines)
+    rows = [[layer.index, layer.placement, layer.heads, layer.ffn, f"{layer.init_scale:g}", f"{layer.lr_mult:g}", f"{count:,}"]
+            for layer, count in zip(spec.layers, layer_parameter_counts(model))]
+    return markdown_table(["layer", "placement", "heads", "ffn", "init_scale", "lr_mult", "parameters"], rows, "rlrrrrr")
 
 
 def model_card(spec: ResolvedSpec, model: nn.Module, recipe: dict, result: dict, data: dict, extra: str = "") -> str:

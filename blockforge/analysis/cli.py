@@ -82,7 +82,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from blockforge.analysis.report import analyze
-    from blockforge.cli import format_table
+    from blockforge.tables import text_table
 
     everything = args.all
     records = analyze(
@@ -94,7 +94,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     )
     for title, headers, rows in _tables(records):
         print(title)
-        print(format_table(headers, rows, "r" * len(headers)))
+        print(text_table(headers, rows, "r" * len(headers)))
         print()
     out = Path(args.out)
     print("wrote " + ", ".join(str(out / f"{name}.{ext}") for name in records for ext in ("json", "png")))

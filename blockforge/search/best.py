@@ -8,7 +8,7 @@ from pathlib import Path
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import load_search
 from blockforge.search.ledger import Ledger, best_records
-from blockforge.search.report import _fmt, _markdown_table
+from blockforge.tables import fmt, markdown_table
 
 
 def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
@@ -50,9 +50,9 @@ def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = N
             shutil.rmtree(run_dir)
         Trainer(recipe, run_dir, resume=resume, progress=progress).run()
     mine = [r for r in records if r.cell == name]
-    table = _markdown_table(
+    table = markdown_table(
         ["trial", "status", "alpha", "post-LN layers", "steps", plan.metric],
-        [[r.trial, r.status, _fmt(r.alpha), _fmt(r.post_ln_layers), r.steps, _fmt(r.value)] for r in mine],
+        [[r.trial, r.status, fmt(r.alpha), fmt(r.post_ln_layers), r.steps, fmt(r.value)] for r in mine],
     )
     note = f"retrained to the full {plan.steps} steps" if (retrain or not full) else f"trained {plan.steps} steps in the search"
     extra = f"""

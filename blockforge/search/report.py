@@ -16,18 +16,7 @@ from blockforge.search.ledger import Ledger, TrialRecord, best_records
 from blockforge.spec.resolve import mix_ln_count, resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
-
-
-def _markdown_table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+from blockforge.tables import fmt, markdown_table, text_table
 
 
 def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[list]]:
@@ -41,8 +30,8 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], 
         pre = [r.value for r in mine if r.alpha == 0.0 and r.status in ("completed", "duplicate") and r.value is not None]
         b = best.get(cell)
         rows.append([cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
-                     alpha_range_text(b, plan, cell) if b else "-", _fmt(b.post_ln_layers) if b else "-", _fmt(b.value) if b else "-",
-                     _fmt(pre[0]) if pre else "-"])
+                     alpha_range_text(b, plan, cell) if b else "-", fmt(b.post_ln_layers) if b else "-", fmt(b.value) if b else "-",
+                     fmt(pre[0]) if pre else "-"])
     return headers, rows
 
 
@@ -165,8 +154,6 @@ def write_best_specs(plan: SearchPlan, records: list[TrialRecord], folder: Path)
 
 def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     """Write every report file; returns the summary table as text (what the CLI prints)."""
-    from blockforge.cli import format_table
-
     records = ledger.records()
     ledger.write_csv(search_dir / "results.csv")
     write_best_specs(plan, records, search_dir / "best")
@@ -177,17 +164,17 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     plot_metric_vs_alpha(plan, records, search_dir / "metric_vs_alpha.png")
     if points:
         plot_best_alpha(points, law, search_dir / "best_alpha_vs_depth.png")
-    fits = _markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
+    fits = markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
                            [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}",
                              f"{f.in_range}/{len(points)}"] for f in law.fits])
-    data = _markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", plan.metric],
-                           [[p["cell"], p["depth"], p["width"], _fmt(p["alpha"]), _fmt(p["alpha_range"][1]), p["post_ln_layers"], _fmt(p["value"])]
+    data = markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", plan.metric],
+                           [[p["cell"], p["depth"], p["width"], fmt(p["alpha"]), fmt(p["alpha_range"][1]), p["post_ln_layers"], fmt(p["value"])]
                             for p in points])
     summary = f"""# Search {plan.name}
 
 Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}.
 
-{_markdown_table(headers, rows)}
+{markdown_table(headers, rows)}
 
 Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, `best_alpha_vs_depth.png`.
 
@@ -203,4 +190,4 @@ below are fitted to k/L.
 {law.verdict}
 """
     atomic_write_text(search_dir / "summary.md", summary)
-    return format_table(headers, rows) + "\n\n" + law.verdict
+    return text_table(headers, rows) + "\n\n" + law.verdict
