@@ -7,6 +7,7 @@ with a file, a flag or a path is printed as one sentence and exits with status 2
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("blockforge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`blockforge inspect ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
 
 
 if __name__ == "__main__":

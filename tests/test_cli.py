@@ -25,3 +25,12 @@ def test_inspect_paper_recipe_counts_parameters(capsys):
 def test_console_script_help():
     done = subprocess.run([sys.executable, "-m", "blockforge", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "inspect" in done.stdout
+
+
+def test_output_cut_short_by_a_closed_pipe_is_not_an_error():
+    command = [sys.executable, "-m", "blockforge", "inspect", "recipes/llama-7b-mix.yaml"]
+    reader = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader.stdout.readline()
+    reader.stdout.close()  # like `| head -1`
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=120) == 0 and "Traceback" not in err, err
