@@ -218,12 +218,10 @@ class Trainer:
 
     def _gradient_sync(self, sync: bool):
         """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
-        if self.world.size == 1 or sync:
-            if self.sharded:
-                self.model.set_requires_gradient_sync(True)
-            return nullcontext()
         if self.sharded:
-            self.model.set_requires_gradient_sync(False)
+            self.model.set_requires_gradient_sync(sync)
+            return nullcontext()
+        if self.world.size == 1 or sync:
             return nullcontext()
         return self.train_model.no_sync()
 
