@@ -14,17 +14,18 @@ from blockforge.spec.resolve import resolve
 BACKBONES: dict[str, type[nn.Module]] = {"llama": Llama, "vit": ViT}
 
 
-def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | None = None) -> nn.Module:
+def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | None = None, seed: int | None = None) -> nn.Module:
     """Build and initialize the model `spec` describes (a ModelSpec is resolved first).
 
-    On the meta device nothing is allocated or initialized (for memory plans).
+    `seed` fixes every initial weight (each parameter from its own stream: see nn.init); None draws one
+    from torch's global generator. On the meta device nothing is allocated or initialized (memory plans).
     """
     if isinstance(spec, ModelSpec):
         spec = resolve(spec)
     with torch.device(device or "cpu"):
         model = BACKBONES[spec.family](spec)
     if not any(p.is_meta for p in model.parameters()):
-        init_weights(model, spec)
+        init_weights(model, spec, seed)
     return model
 
 

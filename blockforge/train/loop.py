@@ -165,7 +165,7 @@ class Trainer:
             seed=cfg.seed, cache_dir=cache_dir(), run_dir=self.run_dir if self.world.is_main else None,
         )
         self.pad_id = getattr(self.data, "pad_id", None)
-        self.model = build_model(self.spec, device=self.device)
+        self.model = build_model(self.spec, device=self.device, seed=cfg.seed)
         self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}}
         checkpoint = latest_checkpoint(self.run_dir) if resume else None
         if checkpoint is not None:  # full weights go in before any sharding

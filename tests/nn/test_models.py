@@ -93,3 +93,21 @@ def test_build_is_seeded():
     torch.manual_seed(3)
     b = blockforge.build_model(llama_spec()).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("make", [llama_spec, vit_spec])
+def test_one_seed_gives_the_same_initial_weights_across_placements(make):
+    """Common random numbers: specs that differ only in placement (and in one layer's width) start equal
+    in every parameter they share by name and shape, so candidates of a search are paired by seed."""
+    pre = blockforge.build_model(make(), seed=7).state_dict()
+    mixed = blockforge.build_model(make(layers=LayerRules(mix_ln=MixLN(alpha=0.5))), seed=7).state_dict()
+    wider = blockforge.build_model(make(layers=LayerRules(overrides=[LayerOverride(at=0, ffn=40)])), seed=7).state_dict()
+    other_seed = blockforge.build_model(make(), seed=8).state_dict()
+    shared = [k for k in pre if k in mixed and pre[k].shape == mixed[k].shape]
+    assert len(shared) > 10 and all(torch.equal(pre[k], mixed[k]) for k in shared)
+    # A different FFN width in layer 0 changes layer 0's MLP only; every later layer starts as before.
+    later = [k for k in pre if k.startswith(("layers.1.", "layers.2."))]
+    assert later and all(torch.equal(pre[k], wider[k]) for k in later)
+    assert any(pre[k].shape != wider[k].shape for k in pre if k.startswith("layers.0.mlp."))
+    weights = [k for k in pre if k.endswith("weight") and pre[k].dim() > 1]
+    assert all(not torch.equal(pre[k], other_seed[k]) for k in weights)

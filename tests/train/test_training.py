@@ -89,7 +89,7 @@ def test_export_load_gives_identical_logits(tmp_path, recipe_file, tied):
 
 
 def test_deep_post_ln_run_is_reported_as_diverged(tmp_path, recipe_file, capsys):
-    path = recipe_file(steps=60, warmup=0.0, lr=0.5, eval_every=0)
+    path = recipe_file(steps=60, warmup=0.0, lr=5.0, eval_every=0)
     code = main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress",
                  "--set", "model.depth=16", "--set", "model.layers.default.placement=post", "--set", "model.layers.mix_ln.alpha=1.0"])
     err = capsys.readouterr().err.strip()
