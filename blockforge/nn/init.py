@@ -33,7 +33,7 @@ def init_weights(model: nn.Module, spec: ResolvedSpec, seed: int | None = None) 
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()))
     vit = spec.family == "vit"  # timm draws ViT weights from a truncated normal
-    names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    names = {id(p): name for name, p in model.named_parameters()}  # a tied weight goes by its first name
 
     def generator(tensor: torch.Tensor) -> torch.Generator:
         return torch.Generator(device=tensor.device).manual_seed(parameter_seed(seed, names[id(tensor)]))
