@@ -7,7 +7,7 @@ from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger, best_records
+from blockforge.search.ledger import Ledger
 from blockforge.tables import fmt, markdown_table
 
 
@@ -25,7 +25,9 @@ def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
 
 
 def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True) -> Path:
+    """Export cell `cell`'s winner: the best mean over its replicates after confirmation (its base-seed run)."""
     from blockforge.export import export_run
+    from blockforge.search.report import candidate_table, evidence_by_cell
     from blockforge.train.loop import Trainer
 
     search_dir = Path(search_dir)
@@ -33,15 +35,21 @@ def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = N
     plan = load_search(marker["file"])
     records = Ledger(search_dir / "trials.jsonl").records()
     name = _pick_cell(plan.cell_names(), cell, search_dir)
-    best = best_records(records, plan.mode).get(name)
-    if best is None:
-        raise BlockforgeError(f"{search_dir}: cell {name} has no completed or pruned trial to export; resume the search first")
-    run_dir = Path(best.run_dir)
-    result_file = run_dir / "result.json"
-    full = result_file.exists() and json.loads(result_file.read_text()).get("step") == plan.steps
+    evidence = evidence_by_cell(plan, records)[name]
+    winner = evidence.winner
+    if winner is not None:
+        seed = plan.base_seed if plan.base_seed in winner.run_dirs else min(winner.run_dirs)
+        searched, run_dir, full = winner.overrides, Path(winner.run_dirs[seed]), True
+    else:  # nothing reached the full budget: the furthest, best pruned trial, retrained below
+        sign = 1.0 if plan.mode == "min" else -1.0
+        pruned = [r for r in records if r.cell == name and r.status == "pruned" and r.value is not None]
+        if not pruned:
+            raise BlockforgeError(f"{search_dir}: cell {name} has no completed or pruned trial to export; resume the search first")
+        best = min(pruned, key=lambda r: (-r.steps, sign * r.value))
+        seed, searched, run_dir, full = best.seed, best.overrides, Path(best.run_dir), False
     if retrain or not full:
         # A partial (pruned) best, or an explicit request: train the best spec to the full budget.
-        recipe = plan.recipe(plan.trial_overrides(plan.cell(name), best.overrides))
+        recipe = plan.recipe(plan.seed_overrides(name, searched, seed))
         run_dir = search_dir / "retrain" / run_dir.name
         resume = (run_dir / "checkpoints" / "latest.json").exists() and not retrain
         if retrain and run_dir.exists():
@@ -49,17 +57,29 @@ def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = N
 
             shutil.rmtree(run_dir)
         Trainer(recipe, run_dir, resume=resume, progress=progress).run()
-    mine = [r for r in records if r.cell == name]
-    table = markdown_table(
-        ["trial", "status", "alpha", "post-LN layers", "steps", plan.metric],
-        [[r.trial, r.status, fmt(r.alpha), fmt(r.post_ln_layers), r.steps, fmt(r.value)] for r in mine],
-    )
     note = f"retrained to the full {plan.steps} steps" if (retrain or not full) else f"trained {plan.steps} steps in the search"
+    replicates = candidate_table(plan, evidence) if evidence.candidates else "(no replicate reached the full budget)"
+    mine = [r for r in records if r.cell == name]
+    trials = markdown_table(
+        ["trial", "stage", "status", "seed", "alpha", "post-LN layers", "steps", plan.metric],
+        [[r.trial, r.stage, r.status, r.seed, fmt(r.alpha), fmt(r.post_ln_layers), r.steps, fmt(r.value)] for r in mine],
+    )
     extra = f"""
 ## Search
 
-Best trial {best.trial} of cell `{name}` in search `{plan.name}` ({note}); objective {plan.mode} {plan.metric}.
+The winner of cell `{name}` in search `{plan.name}` (objective {plan.mode} {plan.metric}): the best mean over its
+training seeds after confirmation. These weights are its seed-{seed} run ({note}).
 
-{table}
+{evidence.claim()}
+
+Verdict against Pre-LN: **{evidence.verdict}** ({'; '.join(filter(None, [evidence.vs_reference.text() if evidence.vs_reference else '', 'paired t, 95%']))}).
+
+### Replicates
+
+{replicates}
+
+### Every trial of the cell
+
+{trials}
 """
     return export_run(run_dir, out, extra_card=extra)

@@ -21,6 +21,10 @@ from blockforge.spec.strict import choice, parse, to_plain
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
+DISCRETE = ("int", "choice", "grid", "layers")
+MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
+MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
+SEED_KEY = "train.seed"
 
 
 @dataclass(kw_only=True)
@@ -100,6 +104,25 @@ class Resources:
 
 
 @dataclass(kw_only=True)
+class Confirm:
+    """After a cell's exploration: its `top` best distinct models and its baselines, each trained to the full
+    budget with `seeds` further training seeds; racing adds seeds to the two leaders (and the Pre-LN
+    reference) until their interval excludes zero or `max_seeds` further seeds are spent."""
+
+    top: int = 2
+    seeds: int = 2
+    max_seeds: int | None = None
+
+    def check(self, path: str) -> None:
+        if self.top < 1:
+            raise SpecError(f"must be at least 1, not {self.top}", path=f"{path}.top")
+        if self.seeds < 1:
+            raise SpecError(f"must be at least 1 (one more seed gives two replicates), not {self.seeds}", path=f"{path}.seeds")
+        if self.max_seeds is not None and self.max_seeds < self.seeds:
+            raise SpecError(f"must be at least seeds ({self.seeds}), not {self.max_seeds}", path=f"{path}.max_seeds")
+
+
+@dataclass(kw_only=True)
 class SearchFile:
     base: str = field(metadata={"help": "the base recipe, relative to the search file"})
     name: str | None = None
@@ -115,15 +138,27 @@ class SearchFile:
     divergence: Divergence = field(default_factory=Divergence)
     resources: Resources = field(default_factory=Resources)
     max_concurrent: int | None = None
+    confirm: Confirm | None = None
 
 
 @dataclass(frozen=True)
 class Dimension:
-    """One searched key: its distribution and arguments."""
+    """One searched key: its distribution and arguments.
+
+    kind `layers` is Mix-LN's alpha as the sampler sees it in one cell: alpha only matters through
+    k = floor(alpha * depth), so the sampler proposes k in args (low, high) under the name
+    MIX_LN_COUNT and the trial trains alpha = k / depth, the low end of the range that builds it.
+    """
 
     key: str
-    kind: str  # uniform | loguniform | int | choice | grid
+    kind: str  # uniform | loguniform | int | choice | grid | layers
     args: tuple
+    depth: int | None = None  # kind layers: the cell's depth
+
+    @property
+    def name(self) -> str:
+        """The parameter's name in the sampler."""
+        return MIX_LN_COUNT if self.kind == "layers" else self.key
 
     def optuna(self):
         import optuna.distributions as d
@@ -132,9 +167,36 @@ class Dimension:
             return d.FloatDistribution(*self.args)
         if self.kind == "loguniform":
             return d.FloatDistribution(*self.args, log=True)
-        if self.kind == "int":
+        if self.kind in ("int", "layers"):
             return d.IntDistribution(*self.args)
         return d.CategoricalDistribution(self.args)
+
+    def values(self) -> list:
+        """Every value of a discrete dimension, in the sampler's terms."""
+        if self.kind in ("int", "layers"):
+            return list(range(self.args[0], self.args[1] + 1))
+        return list(self.args)
+
+    def in_cell(self, depth: int) -> "Dimension":
+        """Mix-LN's alpha over a continuous range becomes the distinct layer counts it reaches at `depth`."""
+        if self.key != MIX_LN_ALPHA or self.kind != "uniform":
+            return self
+        from blockforge.spec.resolve import mix_ln_count
+
+        low, high = self.args
+        return Dimension(self.key, "layers", (mix_ln_count(low, depth), mix_ln_count(high, depth)), depth)
+
+    def to_value(self, param: Any) -> Any:
+        """The recipe value for a sampler value."""
+        return param / self.depth if self.kind == "layers" else param
+
+    def to_param(self, value: Any) -> Any:
+        """The sampler value for a recipe value (a baseline's alpha becomes its layer count)."""
+        if self.kind != "layers":
+            return value
+        from blockforge.spec.resolve import mix_ln_count
+
+        return mix_ln_count(value, self.depth)
 
 
 def _parse_dimension(key: str, value: Any, path: str) -> Dimension:
@@ -167,11 +229,17 @@ def cell_name(cell: dict[str, Any]) -> str:
     return ",".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in cell.items())
 
 
-def trial_identity(recipe: Recipe) -> str:
-    """A trial's identity: its resolved architecture plus training and data settings (what decides its result)."""
+def trial_identity(recipe: Recipe, *, with_seed: bool = True) -> str:
+    """A trial's identity: its resolved architecture plus training and data settings (what decides its result).
+
+    with_seed=False names the *model* the trial replicates: the same identity for every training seed.
+    """
     from blockforge.spec.resolve import resolve
 
-    plain = {"arch": resolve(recipe.model).arch_hash(), "train": to_plain(recipe.train), "data": to_plain(recipe.data)}
+    train = to_plain(recipe.train)
+    if not with_seed:
+        train.pop("seed")
+    plain = {"arch": resolve(recipe.model).arch_hash(), "train": train, "data": to_plain(recipe.data)}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -196,6 +264,9 @@ class SearchPlan:
     max_concurrent: int | None
     steps: int
     eval_every: int
+    confirm: Confirm | None
+    base_seed: int  # train.seed of the base recipe: exploration trains with it, confirmation adds base_seed + 1, ...
+    depths: dict[str, int]  # per cell
 
     def cell_names(self) -> list[str]:
         return [cell_name(c) for c in self.cells]
@@ -205,6 +276,40 @@ class SearchPlan:
 
     def trial_overrides(self, cell: dict[str, Any], params: dict[str, Any]) -> list[tuple[str, Any]]:
         return self.overrides + list(cell.items()) + list(params.items())
+
+    def seed_overrides(self, name: str, searched: dict[str, Any], seed: int) -> list[tuple[str, Any]]:
+        """The overrides of cell `name`'s model `searched`, trained with `seed`."""
+        return self.trial_overrides(self.cell(name), searched) + [(SEED_KEY, seed)]
+
+    def dimensions_in(self, name: str) -> list[Dimension]:
+        """The searched dimensions as cell `name`'s sampler sees them (alpha as distinct layer counts)."""
+        return [d.in_cell(self.depths[name]) for d in self.dimensions]
+
+    def searched_values(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Sampler parameters -> the recipe values they stand for (e.g. k -> alpha = k / depth)."""
+        return {d.key: d.to_value(params[d.name]) for d in self.dimensions_in(name) if d.name in params}
+
+    def sampler_params(self, name: str, values: dict[str, Any]) -> dict[str, Any]:
+        """Recipe values -> sampler parameters (a baseline's alpha -> its layer count)."""
+        dims = {d.key: d for d in self.dimensions_in(name)}
+        return {dims[k].name: dims[k].to_param(v) for k, v in values.items() if k in dims}
+
+    def enumeration(self, name: str) -> list[dict[str, Any]] | None:
+        """Every distinct point of the cell's space, when all are discrete and they fit the trial budget."""
+        dims = self.dimensions_in(name)
+        if not all(d.kind in DISCRETE for d in dims):
+            return None
+        if math.prod(len(d.values()) for d in dims) > self.trials_per_cell:
+            return None
+        return [dict(zip((d.name for d in dims), combo)) for combo in itertools.product(*(d.values() for d in dims))]
+
+    def first_points(self, name: str) -> list[dict[str, Any]]:
+        """What cell `name`'s sampler tries before it samples: the baselines, then (when it fits) every distinct point."""
+        points = [self.sampler_params(name, b) for b in self.baselines]
+        for point in self.enumeration(name) or []:
+            if point not in points:
+                points.append(point)
+        return points
 
     def recipe(self, overrides: list[tuple[str, Any]]) -> Recipe:
         return recipe_from_data(apply_overrides(self.base_data, overrides), file=self.file)
@@ -271,11 +376,15 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
     trials = spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
     if trials < 1:
         raise fail(f"must be at least 1, not {trials}", "trials_per_cell")
+    if spec.confirm is not None and (SEED_KEY in spec.space or SEED_KEY in spec.cells):
+        where = "space" if SEED_KEY in spec.space else "cells"
+        raise fail(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm", f"{where}.{SEED_KEY}")
 
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
     probes = [{}] + spec.baselines
-    steps = eval_every = warmup = None
+    steps = eval_every = warmup = seed = None
+    depths = {}
     for cell in cells:
         for probe in probes:
             try:
@@ -284,6 +393,9 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
                 where = f"cell {cell_name(cell)}" + (f" with baseline {probe}" if probe else "")
                 raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
             steps, eval_every, warmup = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
+            if not probe:
+                depths[cell_name(cell)] = recipe.model.depth
+                seed = recipe.train.seed
 
     asha = spec.scheduler.asha if spec.scheduler is not None else None
     if asha is not None and asha.grace_steps > steps:
@@ -305,5 +417,5 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=spec.objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
-        steps=steps, eval_every=eval_every,
+        steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seed=seed, depths=depths,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
 from blockforge.search.config import SearchPlan, load_search
-from blockforge.search.ledger import Ledger, TrialRecord, best_records
+from blockforge.search.ledger import Ledger, TrialRecord
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 
@@ -55,18 +55,20 @@ class ProgressView:
     def line(self, tune_trials: list | None = None) -> str:
         records = self.ledger.records()
         counts = {s: sum(r.status == s for r in records) for s in ("running", "completed", "pruned", "diverged", "failed", "duplicate")}
+        counts["replicates"] = sum(r.stage == "confirm" and r.status in ("completed", "diverged") for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}
         elapsed = time.time() - self.started
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
-        best = best_records(records, self.plan.mode)
+        from blockforge.search.evidence import describe
+        from blockforge.search.report import evidence_by_cell
+
         parts = []
-        for cell in self.plan.cell_names():
-            r = best.get(cell)
-            if r is not None:
-                shape = f" (alpha {r.alpha:.3g}: {r.post_ln_layers} Post-LN)" if r.alpha is not None else ""
-                parts.append(f"{cell}: {self.plan.metric} {r.value:.4g}{shape}")
+        for cell, e in evidence_by_cell(self.plan, records).items():
+            if e.winner is not None:
+                against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.vs_reference and e.verdict != "Pre-LN" else ""
+                parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}")
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
     def update(self, force: bool = False, tune_trials: list | None = None) -> None:

@@ -6,6 +6,11 @@ the forms apart (too few cells, or AICc differences under 2). Because alpha only
 floor(alpha * L), a point may carry `alpha_range` [low, high): every alpha in it builds the same model.
 Each fit counts the cells whose range holds its prediction, and the verdict names the other laws that
 hit every range, which the data cannot rule out however the residuals compare.
+
+A cell's best alpha is itself an estimate from noisy training. `bootstrap_laws` resamples each cell's
+seeds (the same seeds for all its candidates, which were trained paired), re-chooses the cell's best,
+refits every law, and reports an interval for each parameter, how often each law fits best, and
+"cannot decide" unless one law wins in at least 95% of the resamples.
 """
 
 from __future__ import annotations
@@ -44,6 +49,44 @@ class LawReport:
     verdict: str = ""
 
 
+@dataclass
+class LawUncertainty:
+    """A law across bootstrap resamples: how often it fits best, and 95% percentile intervals of its parameters."""
+
+    name: str
+    formula: str
+    wins: float  # the fraction of resamples in which it had the lowest AICc
+    params_low: list[float]
+    params_high: list[float]
+
+
+@dataclass
+class BootstrapReport:
+    resamples: int
+    laws: list[LawUncertainty]
+    cell_intervals: dict[str, tuple[float, float]]  # per cell: 2.5 and 97.5 percentiles of its best k/L
+    verdict: str
+
+
+def _prepare(points: list[dict]):
+    usable = [p for p in points if p.get("alpha") is not None and p.get("depth")]
+    L = np.array([p["depth"] for p in usable], dtype=float)
+    W = np.array([p.get("width") or 256 for p in usable], dtype=float)
+    y = np.array([p["alpha"] for p in usable], dtype=float)
+    # A best alpha is only known to within its range: residuals below that resolution (the variance of a
+    # uniform error over each range, w^2 / 12) carry no information, so AICc never rewards fitting inside it.
+    widths = np.array([p["alpha_range"][1] - p["alpha_range"][0] if p.get("alpha_range") else 0.0 for p in usable], dtype=float)
+    return usable, L, W, y, float(np.sum(widths**2) / 12.0)
+
+
+def _applicable(name: str, k: int, n: int, L: np.ndarray, W: np.ndarray) -> bool:
+    return not (n < k or (name == "c*W^b/L" and len(set(W)) < 2) or (name == "a+b*log(L)" and len(set(L)) < 2))
+
+
+def _aicc(rss: float, rss_floor: float, n: int, k: int) -> float:
+    return n * math.log(max(rss, rss_floor, 1e-12) / n) + 2 * k + (2 * k * (k + 1) / (n - k - 1) if n - k - 1 > 0 else math.inf)
+
+
 def _fit_one(model: Callable, guess: Callable, L: np.ndarray, W: np.ndarray, y: np.ndarray) -> np.ndarray:
     from scipy.optimize import least_squares
 
@@ -53,26 +96,19 @@ def _fit_one(model: Callable, guess: Callable, L: np.ndarray, W: np.ndarray, y: 
 def fit_alpha_law(points: list[dict]) -> LawReport:
     """points: [{'depth', 'width', 'alpha'}] (one per cell, the best alpha found there)."""
     report = LawReport(points=points)
-    usable = [p for p in points if p.get("alpha") is not None and p.get("depth")]
+    usable, L, W, y, rss_floor = _prepare(points)
     n = len(usable)
     if n == 0:
         report.verdict = "No cell has a best alpha with a known depth, so no law can be fitted."
         return report
-    L = np.array([p["depth"] for p in usable], dtype=float)
-    W = np.array([p.get("width") or 256 for p in usable], dtype=float)
-    y = np.array([p["alpha"] for p in usable], dtype=float)
-    # A best alpha is only known to within its range: residuals below that resolution (the variance of a
-    # uniform error over each range, w^2 / 12) carry no information, so AICc never rewards fitting inside it.
-    widths = np.array([p["alpha_range"][1] - p["alpha_range"][0] if p.get("alpha_range") else 0.0 for p in usable], dtype=float)
-    rss_floor = float(np.sum(widths**2) / 12.0)
     for name, (formula, k, model, guess) in LAWS.items():
-        if n < k or (name == "c*W^b/L" and len(set(W)) < 2) or (name == "a+b*log(L)" and len(set(L)) < 2):
+        if not _applicable(name, k, n, L, W):
             continue
         params = _fit_one(model, guess, L, W, y)
         residual = model(params, L, W) - y
         rss = float(np.sum(residual**2))
         rmse = math.sqrt(rss / n)
-        aicc = n * math.log(max(rss, rss_floor, 1e-12) / n) + 2 * k + (2 * k * (k + 1) / (n - k - 1) if n - k - 1 > 0 else math.inf)
+        aicc = _aicc(rss, rss_floor, n, k)
         loo = []
         for i in range(n):
             keep = np.arange(n) != i
@@ -110,3 +146,81 @@ def _verdict(fits: list[LawFit], n: int, depths: int) -> str:
         close = [f.name for f in finite if f.aicc - best.aicc < 2.0]
         return f"The data cannot decide between {', '.join(close)} (AICc within 2 of the best); {best.name} fits best by a small margin."
     return f"{best.formula} fits best (AICc {best.aicc:.2f}, {second.aicc - best.aicc:.1f} below {second.name}; leave-one-out RMSE {best.loo_rmse:.3g})."
+
+
+def bootstrap_laws(cells: list[dict], *, resamples: int = 1000, seed: int = 0) -> BootstrapReport | None:
+    """Refit the laws on resampled seeds.
+
+    cells: [{'cell', 'depth', 'width', 'options': [{'alpha': k/L, 'alpha_range': [low, high], 'values': [...]}], 'mode'}]
+    where every option (a confirmed candidate) lists its objective on the same seeds, in the same order.
+    Each resample draws the seeds of every cell with replacement, takes the option with the best mean
+    as the cell's best alpha, and fits every law. None when fewer than two cells have options.
+    """
+    cells = [c for c in cells if c["options"]]
+    if len(cells) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    fitted: dict[tuple, tuple[str | None, dict[str, np.ndarray]]] = {}  # choices -> (winner, params) memo
+    wins: dict[str, int] = {}
+    params: dict[str, list[np.ndarray]] = {name: [] for name in LAWS}
+    chosen_alpha: dict[str, list[float]] = {c["cell"]: [] for c in cells}
+    for _ in range(resamples):
+        choice = []
+        for c in cells:
+            values = np.array([o["values"] for o in c["options"]], dtype=float)  # (options, seeds)
+            columns = rng.integers(0, values.shape[1], values.shape[1])
+            means = values[:, columns].mean(axis=1)
+            best = int(np.argmin(means) if c.get("mode", "min") == "min" else np.argmax(means))
+            choice.append(best)
+            chosen_alpha[c["cell"]].append(c["options"][best]["alpha"])
+        key = tuple(choice)
+        if key not in fitted:
+            points = [dict(depth=c["depth"], width=c["width"], **{k: c["options"][i][k] for k in ("alpha", "alpha_range")})
+                      for c, i in zip(cells, choice)]
+            fitted[key] = _fit_all(points)
+        winner, by_law = fitted[key]
+        if winner is not None:
+            wins[winner] = wins.get(winner, 0) + 1
+        for name, p in by_law.items():
+            params[name].append(p)
+    laws = []
+    for name, (formula, *_rest) in LAWS.items():
+        if not params[name]:
+            continue
+        stacked = np.array(params[name])
+        laws.append(LawUncertainty(name, formula, wins.get(name, 0) / resamples,
+                                   np.percentile(stacked, 2.5, axis=0).tolist(), np.percentile(stacked, 97.5, axis=0).tolist()))
+    laws.sort(key=lambda u: -u.wins)
+    intervals = {cell: (float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))) for cell, a in chosen_alpha.items()}
+    return BootstrapReport(resamples, laws, intervals, _bootstrap_verdict(laws, len({c["depth"] for c in cells})))
+
+
+def _fit_all(points: list[dict]) -> tuple[str | None, dict[str, np.ndarray]]:
+    """Every applicable law fitted to `points`; the name of the one with the lowest AICc (None if no AICc is finite)."""
+    usable, L, W, y, rss_floor = _prepare(points)
+    n = len(usable)
+    out, scores = {}, {}
+    for name, (formula, k, model, guess) in LAWS.items():
+        if not _applicable(name, k, n, L, W):
+            continue
+        p = _fit_one(model, guess, L, W, y)
+        out[name] = p
+        scores[name] = _aicc(float(np.sum((model(p, L, W) - y) ** 2)), rss_floor, n, k)
+    finite = {name: a for name, a in scores.items() if math.isfinite(a)}
+    if not finite:
+        return None, out
+    best = min(finite.values())
+    leaders = [name for name, a in finite.items() if a - best < 1e-9]
+    return (leaders[0] if len(leaders) == 1 else None), out
+
+
+def _bootstrap_verdict(laws: list[LawUncertainty], depths: int) -> str:
+    if depths < 3:
+        return f"Cannot decide: {depths} distinct depth(s) cannot separate the laws, however the seeds are resampled."
+    if not laws or laws[0].wins == 0:
+        return "Cannot decide: no law fits best in any resample (the laws tie exactly on every resampled choice)."
+    top = laws[0]
+    shares = ", ".join(f"{u.name} {u.wins:.0%}" for u in laws if u.wins > 0)
+    if top.wins >= 0.95:
+        return f"{top.formula} fits best in {top.wins:.0%} of the seed resamples."
+    return f"Cannot decide: over seed resamples the best-fitting law is {shares} (ties excluded); no law wins 95% of them."

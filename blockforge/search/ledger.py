@@ -16,14 +16,20 @@ from typing import Any
 from blockforge.io import atomic_write_text
 
 STATUSES = ("completed", "pruned", "diverged", "failed", "duplicate", "running")
-COLUMNS = ["cell", "trial", "status", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides", "identity", "duplicate_of", "note"]
+COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
+           "model", "identity", "duplicate_of", "note"]
+STAGES = ("explore", "confirm")
 
 
 @dataclass
 class TrialRecord:
     cell: str
-    trial: int  # the Optuna trial number within its cell
+    trial: int  # the trial's number within its cell (exploration: the Optuna trial number)
     status: str
+    stage: str = "explore"  # explore (sampled, maybe stopped early) | confirm (a finalist's replicate, full budget)
+    seed: int = 0  # train.seed
+    model: str = ""  # the model's identity, the seed aside: replicates of one model share it
+    uniform_pre: bool = False  # every layer Pre-LN: the reference the verdicts compare with
     identity: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)  # the cell's searched values (and baselines')
     alpha: float | None = None
@@ -67,17 +73,3 @@ class Ledger:
             row["overrides"] = json.dumps(record.overrides, sort_keys=True)
             writer.writerow(row)
         atomic_write_text(path, buffer.getvalue())
-
-
-def best_records(records: list[TrialRecord], mode: str) -> dict[str, TrialRecord]:
-    """Per cell, the best completed trial (full budget); cells without one fall back to pruned trials."""
-    best: dict[str, TrialRecord] = {}
-    sign = 1.0 if mode == "min" else -1.0
-    for status in ("completed", "pruned"):
-        for record in records:
-            if record.status != status or record.value is None or record.cell in best and best[record.cell].status != status:
-                continue
-            current = best.get(record.cell)
-            if current is None or sign * record.value < sign * current.value:
-                best[record.cell] = record
-    return best

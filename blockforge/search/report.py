@@ -1,4 +1,9 @@
-"""What a search leaves behind: results.csv, best/<cell>.yaml, summary.md, plots and the alpha law."""
+"""What a search leaves behind: results.csv, best/<cell>.yaml, summary.md, plots and the alpha law.
+
+Every answer carries its evidence: per cell, the winner with its replicates (mean, sd, n over
+training seeds), its paired difference to the Pre-LN reference and to the runner-up with a 95%
+interval, and a verdict that calls it better than Pre-LN only when the interval excludes zero.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +15,53 @@ from pathlib import Path
 import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text
-from blockforge.search.config import SearchPlan
-from blockforge.search.law import LawReport, fit_alpha_law
-from blockforge.search.ledger import Ledger, TrialRecord, best_records
+from blockforge.search.config import MIX_LN_ALPHA, SearchPlan
+from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
+from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
+from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.spec.resolve import mix_ln_count, resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
 
 
-def cell_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[list]]:
-    """The summary table: per cell, trial counts by status, the best trial and the uniform Pre-LN baseline."""
-    best = best_records(records, plan.mode)
-    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha range", "post-LN layers", f"best {plan.metric}", f"{plan.metric} at alpha 0"]
+CONSOLE_LEAVES_OUT = ("completed", "failed", "diverged", "Pre-LN mean ± sd (n)", "runner-up gap [95% CI]")  # summary.md has them
+
+
+def min_seeds(plan: SearchPlan) -> int:
+    """The replicates a winner needs: exploration's seed plus the confirmation's further seeds."""
+    return 1 + (plan.confirm.seeds if plan.confirm else 0)
+
+
+def evidence_by_cell(plan: SearchPlan, records: list[TrialRecord]) -> dict[str, CellEvidence]:
+    return {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
+
+
+def other_keys(plan: SearchPlan) -> list[str]:
+    """Searched keys other than Mix-LN's alpha (which the alpha range column shows)."""
+    return [d.key for d in plan.dimensions if d.key != MIX_LN_ALPHA]
+
+
+def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence]) -> tuple[list[str], list[list]]:
+    """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN."""
+    extra = other_keys(plan)
+    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha range", "post-LN layers",
+               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", "Pre-LN mean ± sd (n)",
+               f"vs Pre-LN [95% CI]", "verdict", "runner-up gap [95% CI]"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
         counts = Counter(r.status for r in mine)
-        pre = [r.value for r in mine if r.alpha == 0.0 and r.status in ("completed", "duplicate") and r.value is not None]
-        b = best.get(cell)
-        rows.append([cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
-                     alpha_range_text(b, plan, cell) if b else "-", fmt(b.post_ln_layers) if b else "-", fmt(b.value) if b else "-",
-                     fmt(pre[0]) if pre else "-"])
+        e = evidence[cell]
+        w = e.winner
+        rows.append([
+            cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
+            alpha_range_text(w, plan, cell) if w else "-", fmt(w.post_ln_layers) if w else "-",
+            *(fmt(w.overrides.get(k)) if w else "-" for k in extra),
+            w.spread() if w else "-", e.reference.spread() if e.reference else "-",
+            e.vs_reference.text() if e.vs_reference and e.verdict != "Pre-LN" else "-", e.verdict,
+            e.vs_runner_up.text() if e.vs_runner_up else "-",
+        ])
     return headers, rows
 
 
@@ -41,39 +71,67 @@ def alpha_range(alpha: float, depth: int) -> tuple[float, float]:
     return k / depth, ((k + 1) / depth if k < depth else 1.0)
 
 
-def alpha_range_text(record: TrialRecord, plan: SearchPlan, cell: str) -> str:
-    if record.alpha is None:
+def alpha_range_text(candidate: Candidate | TrialRecord, plan: SearchPlan, cell: str) -> str:
+    if candidate.alpha is None:
         return "-"
-    low, high = alpha_range(record.alpha, cell_depth(plan, cell))
+    low, high = alpha_range(candidate.alpha, plan.depths[cell])
     return f"{low:.4g}" if low == high else f"{low:.4g}-{high:.4g}"
 
 
-def cell_depth(plan: SearchPlan, cell: str) -> int:
-    return plan.recipe(plan.trial_overrides(plan.cell(cell), {})).model.depth
+def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
+    """Every candidate of a cell trained to the full budget: replicates, and paired differences with 95% intervals."""
+    extra = other_keys(plan)
+    rows = []
+    for c in e.candidates:
+        to_pre = paired_difference(c.values, e.reference.values) if e.reference is not None and c is not e.reference else None
+        to_winner = paired_difference(c.values, e.winner.values) if c is not e.winner else None
+        role = "winner" if c is e.winner else ("Pre-LN reference" if c is e.reference else ("runner-up" if c is e.runner_up else ""))
+        rows.append([
+            describe(c), alpha_range_text(c, plan, e.cell), *(fmt(c.overrides.get(k)) for k in extra),
+            ", ".join(str(s) for s in sorted(c.values)), fmt(c.mean), fmt(c.sd) if c.n > 1 else "-", c.n,
+            to_pre.text() if to_pre else "-", verdict(to_pre, plan.mode) if to_pre else ("reference" if c is e.reference else "-"),
+            to_winner.text() if to_winner else "-", role,
+        ])
+    headers = ["model", "alpha range", *(k.rsplit(".", 1)[-1] for k in extra), "seeds", "mean", "sd", "n",
+               "minus Pre-LN [95% CI]", "vs Pre-LN", "minus winner [95% CI]", ""]
+    return markdown_table(headers, rows)
 
 
-def law_points(plan: SearchPlan, records: list[TrialRecord]) -> list[dict]:
-    """The best alpha of each cell with the cell's depth and width (from the resolved base recipe).
+def law_points(plan: SearchPlan, evidence: dict[str, CellEvidence]) -> list[dict]:
+    """The winner's alpha of each cell with the cell's depth and width.
 
-    A trial's sampled alpha is one arbitrary point of the range that builds its model, so the law is
-    fitted to the fraction of Post-LN layers that model has, k / L (the low end of the range); the
-    sampled value and the whole range are kept beside it.
+    A trial's alpha is one point of the range that builds its model, so the law is fitted to the
+    fraction of Post-LN layers the winner has, k / L (the low end of the range); the range is kept.
     """
     points = []
-    best = best_records(records, plan.mode)
     for cell in plan.cell_names():
-        record = best.get(cell)
-        if record is None or record.alpha is None:
+        w = evidence[cell].winner
+        if w is None or w.alpha is None:
             continue
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
-        low, high = alpha_range(record.alpha, recipe.model.depth)
+        low, high = alpha_range(w.alpha, recipe.model.depth)
         points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": low,
-                       "alpha_range": [low, high], "sampled_alpha": record.alpha,
-                       "post_ln_layers": record.post_ln_layers, "value": record.value})
+                       "alpha_range": [low, high], "post_ln_layers": w.post_ln_layers, "value": w.mean, "n": w.n,
+                       "verdict": evidence[cell].verdict})
     return points
 
 
-def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
+def bootstrap_cells(plan: SearchPlan, evidence: dict[str, CellEvidence], points: list[dict]) -> list[dict]:
+    """Per cell with a law point, the confirmed candidates on the seeds they all share (for bootstrap_laws)."""
+    cells = []
+    for p in points:
+        e = evidence[p["cell"]]
+        options = [c for c in e.eligible if c.alpha is not None]
+        seeds = sorted(set.intersection(*(set(c.values) for c in options))) if options else []
+        if len(seeds) < 2:
+            continue
+        cells.append({"cell": p["cell"], "depth": p["depth"], "width": p["width"], "mode": plan.mode, "options": [
+            {"alpha": alpha_range(c.alpha, p["depth"])[0], "alpha_range": list(alpha_range(c.alpha, p["depth"])),
+             "values": [c.values[s] for s in seeds]} for c in options]})
+    return cells
+
+
+def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,15 +141,19 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], path: Pat
     columns = min(3, len(cells))
     rows = -(-len(cells) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
-    style = {"completed": ("o", "tab:blue"), "pruned": ("x", "tab:gray"), "diverged": ("v", "tab:red"), "duplicate": (".", "tab:cyan")}
+    style = {"completed": ("o", "tab:blue"), "pruned": ("x", "tab:gray"), "diverged": ("v", "tab:red")}
     for ax, cell in zip(axes.flat, cells):
         for status, (marker, color) in style.items():
             pts = [(r.alpha, r.value) for r in records if r.cell == cell and r.status == status and r.alpha is not None and r.value is not None]
             if pts:
-                ax.scatter(*zip(*pts), marker=marker, color=color, label=status)
+                ax.scatter(*zip(*pts), marker=marker, color=color, s=14, alpha=0.6, label=f"{status} (one seed)")
         diverged = [r.alpha for r in records if r.cell == cell and r.status == "diverged" and r.alpha is not None]
         if diverged:  # no value to place them at: mark them along the top edge
             ax.scatter(diverged, [ax.get_ylim()[1]] * len(diverged), marker="v", color=style["diverged"][1], label="diverged", clip_on=False)
+        confirmed = [c for c in evidence[cell].candidates if c.n > 1 and c.alpha is not None]
+        if confirmed:
+            ax.errorbar([c.alpha for c in confirmed], [c.mean for c in confirmed], yerr=[c.sd for c in confirmed], fmt="s",
+                        color="black", capsize=3, markersize=4, label="replicates: mean ± sd")
         ax.set_title(cell, fontsize=10)
         ax.set_xlabel("alpha (fraction of Post-LN layers)")
         ax.set_ylabel(plan.metric)
@@ -110,7 +172,7 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], path: Pat
     plt.close(fig)
 
 
-def plot_best_alpha(points: list[dict], law: LawReport, path: Path) -> None:
+def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,18 +185,23 @@ def plot_best_alpha(points: list[dict], law: LawReport, path: Path) -> None:
     widths = sorted({p["width"] for p in points})
     depths = np.array(sorted({p["depth"] for p in points}), dtype=float)
     for width in widths:
-        mine = sorted((p["depth"], p["alpha"], p["alpha_range"][1]) for p in points if p["width"] == width)
-        depth, low, high = (np.array(v, dtype=float) for v in zip(*mine))
-        line = ax.plot(depth, low, "o-", label=f"best k/L, width {width}")[0]
-        ax.errorbar(depth, low, yerr=[np.zeros_like(low), high - low], fmt="none", ecolor=line.get_color(), alpha=0.5, capsize=3)
+        mine = sorted((p["depth"], p["alpha"], p["alpha_range"][1], p["cell"]) for p in points if p["width"] == width)
+        depth, low, high = (np.array(v, dtype=float) for v in list(zip(*mine))[:3])
+        line = ax.plot(depth, low, "o-", label=f"winner k/L, width {width}")[0]
+        ax.errorbar(depth, low, yerr=[np.zeros_like(low), high - low], fmt="none", ecolor=line.get_color(), alpha=0.4, capsize=2)
+        if boot is not None:
+            spans = [boot.cell_intervals.get(m[3]) for m in mine]
+            lo = np.array([s[0] if s else a for s, a in zip(spans, low)])
+            hi = np.array([s[1] if s else a for s, a in zip(spans, low)])
+            ax.errorbar(depth + 0.15, low, yerr=[low - lo, hi - low], fmt="none", ecolor=line.get_color(), elinewidth=2.5, capsize=4)
     if law.fits and len(depths) > 1:
         grid = np.linspace(depths.min(), depths.max(), 100)
         best = law.fits[0]
         for width in widths:
             ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"{best.formula} (width {width})")
     ax.set_xlabel("depth L")
-    ax.set_ylabel("best alpha (bars: every alpha giving the same model)")
-    ax.set_title("best Mix-LN alpha per cell")
+    ax.set_ylabel("best alpha")
+    ax.set_title("best Mix-LN alpha per cell\n(thin bars: alphas giving the same model; thick: 95% over seed resamples)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -142,52 +209,84 @@ def plot_best_alpha(points: list[dict], law: LawReport, path: Path) -> None:
     plt.close(fig)
 
 
-def write_best_specs(plan: SearchPlan, records: list[TrialRecord], folder: Path) -> None:
+def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    for cell, record in best_records(records, plan.mode).items():
+    for cell, e in evidence.items():
+        if e.winner is None:
+            continue
         slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.replace(",", "__"))
-        overrides = plan.trial_overrides(plan.cell(cell), record.overrides)
-        recipe = plan.recipe(overrides)
+        recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), e.winner.overrides))
         save_spec(resolve(recipe.model), folder / f"{slug}.yaml")
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
 
 
+def law_section(points: list[dict], law: LawReport, boot: BootstrapReport | None, metric: str) -> str:
+    data = markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", f"{metric} (mean)", "n", "verdict",
+                           "95% over seed resamples"],
+                          [[p["cell"], p["depth"], p["width"], fmt(p["alpha"]), fmt(p["alpha_range"][1]), p["post_ln_layers"], fmt(p["value"]),
+                            p["n"], p["verdict"], _interval(boot.cell_intervals.get(p["cell"])) if boot else "-"] for p in points])
+    fits = markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
+                          [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}",
+                            f"{f.in_range}/{len(points)}"] for f in law.fits])
+    text = f"{data}\n\n{fits if law.fits else '(no law could be fitted)'}\n\n{law.verdict}\n"
+    if boot is None:
+        return text + "\nNo bootstrap over seeds: fewer than two cells have confirmed replicates.\n"
+    uncertain = markdown_table(["law", "fits best in", "parameters, 95% interval"],
+                               [[u.formula, f"{u.wins:.0%}", "; ".join(f"[{lo:.4g}, {hi:.4g}]" for lo, hi in zip(u.params_low, u.params_high))]
+                                for u in boot.laws])
+    return text + f"\nOver {boot.resamples} resamples of each cell's seeds (its best re-chosen, every law refitted):\n\n{uncertain}\n\n{boot.verdict}\n"
+
+
+def _interval(span: tuple[float, float] | None) -> str:
+    return "-" if span is None else (f"{span[0]:.4g}" if span[0] == span[1] else f"{span[0]:.4g}-{span[1]:.4g}")
+
+
 def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
-    """Write every report file; returns the summary table as text (what the CLI prints)."""
+    """Write every report file; returns the summary table and claims as text (what the CLI prints)."""
     records = ledger.records()
     ledger.write_csv(search_dir / "results.csv")
-    write_best_specs(plan, records, search_dir / "best")
-    headers, rows = cell_rows(plan, records)
-    points = law_points(plan, records)
+    evidence = evidence_by_cell(plan, records)
+    write_best_specs(plan, evidence, search_dir / "best")
+    headers, rows = cell_rows(plan, records, evidence)
+    points = law_points(plan, evidence)
     law = fit_alpha_law(points)
-    atomic_write_json(search_dir / "alpha_law.json", {"points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict})
-    plot_metric_vs_alpha(plan, records, search_dir / "metric_vs_alpha.png")
+    boot = bootstrap_laws(bootstrap_cells(plan, evidence, points))
+    atomic_write_json(search_dir / "alpha_law.json", {
+        "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
+        "bootstrap": asdict(boot) if boot else None,
+    })
+    plot_metric_vs_alpha(plan, records, evidence, search_dir / "metric_vs_alpha.png")
     if points:
-        plot_best_alpha(points, law, search_dir / "best_alpha_vs_depth.png")
-    fits = markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
-                           [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}",
-                             f"{f.in_range}/{len(points)}"] for f in law.fits])
-    data = markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", plan.metric],
-                           [[p["cell"], p["depth"], p["width"], fmt(p["alpha"]), fmt(p["alpha_range"][1]), p["post_ln_layers"], fmt(p["value"])]
-                            for p in points])
+        plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
+    claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    confirm = plan.confirm
+    stages = (f"confirmation: the {confirm.top} best distinct models, the baselines and the best Pre-LN model, each trained to the full "
+              f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else "")
+              if confirm else "no confirmation (one seed per model: no intervals)")
+    details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
     summary = f"""# Search {plan.name}
 
-Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}.
+Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
+Intervals: {METHOD} over the training seeds two models share (candidates trained with one seed see the same data order and start from the same weights).
 
 {markdown_table(headers, rows)}
 
+{chr(10).join('- ' + c for c in claims)}
+
 Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, `best_alpha_vs_depth.png`.
+
+## Candidates per cell
+
+{details or '(no model finished the full budget)'}
 
 ## alpha_opt(depth, width)
 
-Each cell's best model has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
+Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
 below are fitted to k/L.
 
-{data}
-
-{fits if law.fits else '(no law could be fitted)'}
-
-{law.verdict}
-"""
+{law_section(points, law, boot, plan.metric)}"""
     atomic_write_text(search_dir / "summary.md", summary)
-    return text_table(headers, rows) + "\n\n" + law.verdict
+    verdict_line = boot.verdict if boot else law.verdict
+    keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
+    console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
+    return console + "\n\n" + "\n".join(claims) + "\n\n" + verdict_line

@@ -4,8 +4,10 @@ CellSearcher holds one OptunaSearch per cell and hands out trials round-robin ac
 cluster works on every cell at once. Before a trial runs it is loaded and resolved through the same
 path as `blockforge train`: an invalid combination is recorded as failed without running, and a trial
 whose identity (resolved architecture + training + data settings) equals one already run in its cell
-reuses that result. CellScheduler gives every cell its own ASHA, so early stopping only ever compares
-trials of one cell.
+reuses that result. When a cell's exploration ends, its finalists (the best distinct models, the
+baselines and the best Pre-LN model) are trained to the full budget with further seeds; racing may
+add seeds to the two leaders. CellScheduler gives every cell its own ASHA over exploration trials
+only, so early stopping compares trials of one cell and never stops a replicate.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
 FREE_ASKS_IN_A_ROW = 10
 
 
-def make_sampler(plan: SearchPlan, cell_index: int):
+def make_sampler(plan: SearchPlan, cell_index: int, name: str):
     import optuna
 
     sampler = plan.sampler
     if sampler.kind == "grid":
-        return optuna.samplers.GridSampler({d.key: list(d.args) for d in plan.dimensions}, seed=cell_index)
+        return optuna.samplers.GridSampler({d.name: d.values() for d in plan.dimensions_in(name)}, seed=cell_index)
     settings = sampler.tpe or sampler.random
     seed = settings.seed + 1000 * cell_index  # cells draw independent sequences, reproducibly
     if sampler.kind == "random":
@@ -44,6 +46,9 @@ def alpha_of(recipe) -> float | None:
 
 
 class CellSearcher(Searcher):
+    """Per cell: an exploration stage (the sampler's proposals, early-stopped by ASHA), then, with
+    `confirm`, a confirmation stage (finalists trained to the full budget with further seeds)."""
+
     def __init__(self, plan: SearchPlan, search_dir: str):
         super().__init__(metric=OBJECTIVE, mode=plan.mode)
         import optuna
@@ -54,20 +59,26 @@ class CellSearcher(Searcher):
         self.search_dir = str(search_dir)
         self.ledger = Ledger(Path(search_dir) / "trials.jsonl")
         names = plan.cell_names()
-        space = {d.key: d.optuna() for d in plan.dimensions}
         self.cells = {
             name: OptunaSearch(
-                space=space, metric=OBJECTIVE, mode=plan.mode, sampler=make_sampler(plan, i),
-                points_to_evaluate=[dict(b) for b in plan.baselines] or None,
+                space={d.name: d.optuna() for d in plan.dimensions_in(name)}, metric=OBJECTIVE, mode=plan.mode,
+                sampler=make_sampler(plan, i, name), points_to_evaluate=plan.first_points(name) or None,
             )
             for i, name in enumerate(names)
         }
-        self.asked = dict.fromkeys(names, 0)  # sampler asks: the trial numbers
-        self.runs = dict.fromkeys(names, 0)  # trials sent to train: the budget
+        self.asked = dict.fromkeys(names, 0)  # trial numbers handed out (sampler asks and confirmation trials)
+        self.runs = dict.fromkeys(names, 0)  # exploration trials sent to train: the budget
+        # A cell whose distinct points fit its budget enumerates them (first_points) and asks no more.
+        self.enumerated = {name: len(plan.first_points(name)) if plan.enumeration(name) is not None else None for name in names}
+        self.explore_asks = dict.fromkeys(names, 0)
         self.free_streak = dict.fromkeys(names, 0)  # asks in a row that needed no training
+        self.stage = dict.fromkeys(names, "explore")  # explore -> confirm -> done
+        self.queue: dict[str, list[dict]] = {name: [] for name in names}  # confirmation trials not started yet
+        self.finalists: dict[str, list[dict]] = {name: [] for name in names}  # {searched, model} per finalist
+        self.extra_seeds = dict.fromkeys(names, 0)  # further seeds given to a cell's finalists so far
         self.turn = 0
         self.live: dict[str, dict] = {}  # Tune trial id -> {cell, number, identity, ...}
-        self.done: dict[tuple[str, str], dict] = {}  # (cell, identity) -> outcome of the first trial with it
+        self.done: dict[tuple[str, str], dict] = {}  # (cell, identity) -> the outcome that counts for it
         self.waiting: dict[tuple[str, str], list[dict]] = {}  # twins of running trials, resolved when they end
         self._serial = 0
 
@@ -78,25 +89,22 @@ class CellSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         names = list(self.cells)
-        while True:
-            open_cells = [n for n in names if self.runs[n] < self.plan.trials_per_cell and self.free_streak[n] < FREE_ASKS_IN_A_ROW]
-            if not open_cells:
-                return Searcher.FINISHED
+        for _ in range(len(names) * (FREE_ASKS_IN_A_ROW + 2)):
+            ready = [n for n in names if self._ready(n)]
+            if not ready:
+                return Searcher.FINISHED if all(self.stage[n] == "done" for n in names) else None
             name = names[self.turn % len(names)]
             self.turn += 1
-            if name not in open_cells:
+            if name not in ready:
                 continue
-            config = self._ask(name, trial_id)
-            if config is None:
-                self.free_streak[name] += 1
-                continue
-            self.free_streak[name] = 0
-            self.runs[name] += 1
-            return config
+            config = self._explore(name, trial_id) if self.stage[name] == "explore" else self._launch(self.queue[name].pop(0), trial_id)
+            if config is not None:
+                return config
+        return None  # only free proposals this time: Tune asks again
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         info = self.live.get(trial_id)
-        if info is not None and OBJECTIVE in result:
+        if info is not None and info["stage"] == "explore" and OBJECTIVE in result:
             self.cells[info["cell"]].on_trial_result(info["optuna_id"], {OBJECTIVE: result[OBJECTIVE], "training_iteration": result.get("step", 0)})
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
@@ -112,40 +120,70 @@ class CellSearcher(Searcher):
             status, value = "pruned", None
         else:
             status, value = "completed", result.get(OBJECTIVE)
-        self._tell(info["cell"], info["optuna_id"], status, value)
+        if info["stage"] == "explore":
+            self._tell(info["cell"], info["optuna_id"], status, value)
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
         record = self._record(info, status, value=result.get(self.plan.metric) if status != "diverged" else None,
                               steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
                               note="" if status != "failed" else "the trial raised; see its error file under tune/")
         self.ledger.append(record)
-        outcome = {"status": status, "value": value, "number": info["number"], "record": record}
-        self.done.setdefault((info["cell"], info["identity"]), outcome)
-        for twin in self.waiting.pop((info["cell"], info["identity"]), []):
+        outcome = {"status": status, "value": value, "number": info["number"], "record": record, "info": info}
+        key = (info["cell"], info["identity"])
+        if key not in self.done or status in ("completed", "diverged"):  # a pruned run finished later counts in full
+            self.done[key] = outcome
+        for twin in self.waiting.pop(key, []):
             self._settle_duplicate(twin, outcome)
 
-    # ---- helpers ------------------------------------------------------------------------------
+    # ---- exploration --------------------------------------------------------------------------
+
+    def _ready(self, name: str) -> bool:
+        """Whether cell `name` has a trial to hand out now; moves it to its next stage when one ends."""
+        if self.stage[name] == "explore":
+            enumerated = self.enumerated[name]
+            if enumerated is not None and self.explore_asks[name] >= enumerated:
+                pass  # every distinct point has been proposed
+            elif self.runs[name] < self.plan.trials_per_cell and self.free_streak[name] < FREE_ASKS_IN_A_ROW:
+                return True
+            if self._busy(name):
+                return False
+            self._start_confirmation(name)
+        if self.stage[name] == "confirm":
+            if self.queue[name]:
+                return True
+            if self._busy(name):
+                return False
+            if not self._race(name):
+                self.stage[name] = "done"
+            return bool(self.queue[name])
+        return False
+
+    def _busy(self, name: str) -> bool:
+        return any(info["cell"] == name for info in self.live.values()) or any(cell == name and twins for (cell, _), twins in self.waiting.items())
+
+    def _explore(self, name: str, trial_id: str) -> dict | None:
+        self.explore_asks[name] += 1
+        config = self._ask(name, trial_id)
+        if config is None:
+            self.free_streak[name] += 1
+            return None
+        self.free_streak[name] = 0
+        self.runs[name] += 1
+        return config
 
     def _ask(self, name: str, trial_id: str) -> dict | None:
         """Ask the cell's sampler for a trial; returns a Tune config, or None when it needs no run."""
         self._serial += 1
         optuna_id = f"{trial_id}-{self._serial}"
         params = self.cells[name].suggest(optuna_id) or {}
-        number = self.asked[name]
-        self.asked[name] += 1
-        cell = self.plan.cell(name)
-        overrides = self.plan.trial_overrides(cell, params)
-        info = {"cell": name, "number": number, "optuna_id": optuna_id, "params": params, "overrides": overrides}
+        searched = self.plan.searched_values(name, params)
+        info = self._new_info(name, searched, self.plan.base_seed, "explore")
+        info["optuna_id"] = optuna_id
         try:
-            recipe = self.plan.recipe(overrides)
-            info["identity"] = trial_identity(recipe)
+            self._identify(info)
         except SpecError as err:
             self._tell(name, optuna_id, "failed", None)
             self.ledger.append(self._record(info, "failed", note=f"invalid: {err}"))
             return None
-        from blockforge.spec.resolve import resolve
-
-        info["alpha"] = alpha_of(recipe)
-        info["post_ln_layers"] = resolve(recipe.model).post_ln_count()
         key = (name, info["identity"])
         if key in self.done:
             self._settle_duplicate(info, self.done[key])
@@ -153,9 +191,95 @@ class CellSearcher(Searcher):
         if any(other["cell"] == name and other["identity"] == info["identity"] for other in self.live.values()):
             self.waiting.setdefault(key, []).append(info)
             return None
+        return self._launch(info, trial_id)
+
+    def _new_info(self, name: str, searched: dict, seed: int, stage: str) -> dict:
+        number = self.asked[name]
+        self.asked[name] += 1
+        overrides = self.plan.seed_overrides(name, searched, seed)
+        return {"cell": name, "number": number, "searched": searched, "overrides": overrides, "seed": seed, "stage": stage}
+
+    def _identify(self, info: dict) -> None:
+        """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities and shape."""
+        from blockforge.spec.resolve import resolve
+
+        recipe = self.plan.recipe(info["overrides"])
+        spec = resolve(recipe.model)
+        info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
+                    post_ln_layers=spec.post_ln_count(), uniform_pre=all(layer.placement == "pre" for layer in spec.layers))
+
+    def _launch(self, info: dict, trial_id: str) -> dict:
         self.live[trial_id] = info
         self.ledger.append(self._record(info, "running"))
-        return {"cell": name, "number": number, "identity": info["identity"], "overrides": [list(o) for o in overrides]}
+        return {"cell": info["cell"], "number": info["number"], "identity": info["identity"], "stage": info["stage"],
+                "overrides": [list(o) for o in info["overrides"]]}
+
+    # ---- confirmation -------------------------------------------------------------------------
+
+    def _start_confirmation(self, name: str) -> None:
+        """Exploration of `name` is over: queue its finalists' replicates (or close it without confirm)."""
+        confirm = self.plan.confirm
+        if confirm is None:
+            self.stage[name] = "done"
+            return
+        self.stage[name] = "confirm"
+        sign = 1.0 if self.plan.mode == "min" else -1.0
+        explored = [o for (cell, _), o in self.done.items() if cell == name and o["info"]["stage"] == "explore"]
+        ranked = sorted((o for o in explored if o["status"] == "completed" and o["value"] is not None), key=lambda o: sign * o["value"])
+        ranked += sorted((o for o in explored if o["status"] == "pruned"), key=lambda o: (-o["record"].steps, sign * (o["record"].value or 0.0)))
+        finalists = [o["info"] for o in ranked[: confirm.top]]
+        for baseline in self.plan.baselines:
+            searched = self.plan.searched_values(name, self.plan.sampler_params(name, baseline))
+            info = self._new_info(name, searched, self.plan.base_seed, "confirm")
+            try:
+                self._identify(info)
+            except SpecError:
+                continue  # an invalid baseline was recorded as failed when it was proposed
+            finalists.append(info)
+        if not any(f["uniform_pre"] for f in finalists):  # the best Pre-LN model seen is the reference
+            finalists += [o["info"] for o in ranked if o["info"]["uniform_pre"]][:1]
+        unique = {}
+        for f in finalists:
+            unique.setdefault(f["model"], {"searched": f["searched"], "model": f["model"], "uniform_pre": f["uniform_pre"]})
+        self.finalists[name] = list(unique.values())
+        seeds = [self.plan.base_seed + i for i in range(confirm.seeds + 1)]
+        self.extra_seeds[name] = confirm.seeds
+        for finalist in self.finalists[name]:
+            for seed in seeds:
+                self._enqueue(name, finalist["searched"], seed)
+
+    def _enqueue(self, name: str, searched: dict, seed: int) -> None:
+        """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
+        info = self._new_info(name, searched, seed, "confirm")
+        self._identify(info)
+        key = (name, info["identity"])
+        if key in self.done and self.done[key]["status"] in ("completed", "diverged", "failed"):
+            self.asked[name] -= 1  # nothing to run: give the number back
+            return
+        taken = [i["identity"] for i in self.live.values() if i["cell"] == name] + [i["identity"] for i in self.queue[name]]
+        if info["identity"] in taken:
+            self.asked[name] -= 1
+            return
+        self.queue[name].append(info)
+
+    def _race(self, name: str) -> bool:
+        """When the two leaders are not yet separated, give them (and the Pre-LN reference) one more seed."""
+        confirm = self.plan.confirm
+        if confirm is None or confirm.max_seeds is None or self.extra_seeds[name] >= confirm.max_seeds:
+            return False
+        from blockforge.search.evidence import cell_evidence
+
+        evidence = cell_evidence(self.ledger.records(), name, mode=self.plan.mode, penalty=self.plan.penalty, min_seeds=confirm.seeds + 1)
+        if evidence.runner_up is None or evidence.vs_runner_up is None or evidence.vs_runner_up.excludes_zero():
+            return False
+        self.extra_seeds[name] += 1
+        seed = self.plan.base_seed + self.extra_seeds[name]
+        racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None}
+        for candidate in racing.values():
+            self._enqueue(name, candidate.overrides, seed)
+        return bool(self.queue[name])
+
+    # ---- helpers ------------------------------------------------------------------------------
 
     def _settle_duplicate(self, info: dict, outcome: dict) -> None:
         self._tell(info["cell"], info["optuna_id"], outcome["status"], outcome["value"])
@@ -175,12 +299,12 @@ class CellSearcher(Searcher):
     def _record(self, info: dict, status: str, **fields) -> TrialRecord:
         from blockforge.search.trials import trial_dir
 
-        searched = {k: v for k, v in info["overrides"] if k in {d.key for d in self.plan.dimensions} or k in info["params"]}
         identity = info.get("identity", "")
         return TrialRecord(
-            cell=info["cell"], trial=info["number"], status=status, identity=identity, overrides=searched,
-            alpha=info.get("alpha"), post_ln_layers=info.get("post_ln_layers"), metric=self.plan.metric,
-            run_dir=str(trial_dir(self.search_dir, info["cell"], identity)) if identity else "", **fields,
+            cell=info["cell"], trial=info["number"], status=status, stage=info["stage"], seed=info["seed"],
+            model=info.get("model", ""), uniform_pre=info.get("uniform_pre", False), identity=identity,
+            overrides=dict(info["searched"]), alpha=info.get("alpha"), post_ln_layers=info.get("post_ln_layers"),
+            metric=self.plan.metric, run_dir=str(trial_dir(self.search_dir, info["cell"], identity)) if identity else "", **fields,
         )
 
     def save(self, checkpoint_path: str) -> None:
@@ -214,20 +338,26 @@ class CellScheduler(FIFOScheduler):
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True
 
+    @staticmethod
+    def _early_stoppable(trial) -> bool:
+        return trial.config.get("stage", "explore") == "explore"  # confirmation trials always run the full budget
+
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._asha(trial).on_trial_add(tune_controller, trial)
+        if self._early_stoppable(trial):
+            self._asha(trial).on_trial_add(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
-        if OBJECTIVE not in result or "step" not in result:
+        if OBJECTIVE not in result or "step" not in result or not self._early_stoppable(trial):
             return TrialScheduler.CONTINUE
         return self._asha(trial).on_trial_result(tune_controller, trial, result)
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
-        if OBJECTIVE in (result or {}):
+        if OBJECTIVE in (result or {}) and self._early_stoppable(trial):
             self._asha(trial).on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller, trial) -> None:
-        self._asha(trial).on_trial_remove(tune_controller, trial)
+        if self._early_stoppable(trial):
+            self._asha(trial).on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
         return f"CellScheduler: ASHA per cell over {len(self.by_cell)} cells"

@@ -33,14 +33,17 @@ def test_tpe_asha_search_completes_with_statuses_duplicates_and_reports(tmp_path
     trained = lambda cell: [r for r in records if r.cell == cell and r.status != "duplicate"]  # noqa: E731
     for cell in ("depth=2", "depth=4"):  # the budget counts trained trials, and none is trained twice
         assert 2 <= len(trained(cell)) <= 5 and len({r.identity for r in trained(cell)}) == len(trained(cell))
-    # At depth 2, alpha in [0, 0.75] gives only two models (0 or 1 Post-LN layer): both are trained once,
-    # every other proposal is a free duplicate, and the cell closes when its space is exhausted.
+    # At depth 2, alpha in [0, 0.75] gives only two models (0 or 1 Post-LN layer): they fit the budget, so
+    # the cell enumerates them, each trained once, and proposes nothing more.
     depth2 = [r for r in records if r.cell == "depth=2"]
     assert sorted(r.post_ln_layers for r in trained("depth=2")) == [0, 1]
-    assert any(r.status == "duplicate" for r in depth2)
-    for r in depth2:
+    assert len(depth2) == 2
+    # At depth 4 (k = 0..3 from alpha in [0, 0.75]) the same holds: four distinct models, no duplicate.
+    depth4 = [r for r in records if r.cell == "depth=4"]
+    assert sorted(r.post_ln_layers for r in depth4) == [0, 1, 2, 3] and all(r.status != "duplicate" for r in depth4)
+    for r in records:
         if r.status == "duplicate":
-            original = next(o for o in depth2 if o.trial == r.duplicate_of)
+            original = next(o for o in records if o.cell == r.cell and o.trial == r.duplicate_of)
             assert original.identity == r.identity and original.post_ln_layers == r.post_ln_layers
     # Baselines first, and counted like any trial.
     assert [r.alpha for r in depth2[:2]] == [0.0, 0.5]
