@@ -137,6 +137,9 @@ def run_search(
 
     from blockforge.search.searcher import OBJECTIVE, CellScheduler, CellSearcher
 
+    from blockforge.search.evidence import t_quantile
+
+    t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
     ledger = Ledger(search_dir / "trials.jsonl")
     view = ProgressView(ledger, plan, every_s=progress_every_s)
     trainable = _trainable(plan, search_dir)

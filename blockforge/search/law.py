@@ -9,8 +9,9 @@ hit every range, which the data cannot rule out however the residuals compare.
 
 A cell's best alpha is itself an estimate from noisy training. `bootstrap_laws` resamples each cell's
 seeds (the same seeds for all its candidates, which were trained paired), re-chooses the cell's best,
-refits every law, and reports an interval for each parameter, how often each law fits best, and
-"cannot decide" unless one law wins in at least 95% of the resamples.
+refits every law, and reports an interval for each parameter, how often each law fits best by a clear
+margin (AICc at least 2 below every other law; otherwise the resample is undecided), and "cannot
+decide" unless one law wins at least 95% of the resamples.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class LawUncertainty:
 
     name: str
     formula: str
-    wins: float  # the fraction of resamples in which it had the lowest AICc
+    wins: float  # the fraction of resamples in which its AICc was at least 2 below every other law's
     params_low: list[float]
     params_high: list[float]
 
@@ -63,6 +64,7 @@ class LawUncertainty:
 @dataclass
 class BootstrapReport:
     resamples: int
+    undecided: float  # the fraction of resamples in which no law led by 2 AICc
     laws: list[LawUncertainty]
     cell_intervals: dict[str, tuple[float, float]]  # per cell: 2.5 and 97.5 percentiles of its best k/L
     verdict: str
@@ -192,11 +194,12 @@ def bootstrap_laws(cells: list[dict], *, resamples: int = 1000, seed: int = 0) -
                                    np.percentile(stacked, 2.5, axis=0).tolist(), np.percentile(stacked, 97.5, axis=0).tolist()))
     laws.sort(key=lambda u: -u.wins)
     intervals = {cell: (float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))) for cell, a in chosen_alpha.items()}
-    return BootstrapReport(resamples, laws, intervals, _bootstrap_verdict(laws, len({c["depth"] for c in cells})))
+    undecided = 1.0 - sum(wins.values()) / resamples
+    return BootstrapReport(resamples, undecided, laws, intervals, _bootstrap_verdict(laws, undecided, len({c["depth"] for c in cells})))
 
 
 def _fit_all(points: list[dict]) -> tuple[str | None, dict[str, np.ndarray]]:
-    """Every applicable law fitted to `points`; the name of the one with the lowest AICc (None if no AICc is finite)."""
+    """Every applicable law fitted to `points`; the name of the law whose AICc is at least 2 below all others (else None)."""
     usable, L, W, y, rss_floor = _prepare(points)
     n = len(usable)
     out, scores = {}, {}
@@ -206,21 +209,18 @@ def _fit_all(points: list[dict]) -> tuple[str | None, dict[str, np.ndarray]]:
         p = _fit_one(model, guess, L, W, y)
         out[name] = p
         scores[name] = _aicc(float(np.sum((model(p, L, W) - y) ** 2)), rss_floor, n, k)
-    finite = {name: a for name, a in scores.items() if math.isfinite(a)}
-    if not finite:
+    finite = sorted((a, name) for name, a in scores.items() if math.isfinite(a))
+    if not finite or (len(finite) > 1 and finite[1][0] - finite[0][0] < 2.0):
         return None, out
-    best = min(finite.values())
-    leaders = [name for name, a in finite.items() if a - best < 1e-9]
-    return (leaders[0] if len(leaders) == 1 else None), out
+    return finite[0][1], out
 
 
-def _bootstrap_verdict(laws: list[LawUncertainty], depths: int) -> str:
+def _bootstrap_verdict(laws: list[LawUncertainty], undecided: float, depths: int) -> str:
     if depths < 3:
         return f"Cannot decide: {depths} distinct depth(s) cannot separate the laws, however the seeds are resampled."
-    if not laws or laws[0].wins == 0:
-        return "Cannot decide: no law fits best in any resample (the laws tie exactly on every resampled choice)."
-    top = laws[0]
+    top = laws[0] if laws else None
+    if top is not None and top.wins >= 0.95:
+        return f"{top.formula} fits best (AICc at least 2 below every other law) in {top.wins:.0%} of the seed resamples."
     shares = ", ".join(f"{u.name} {u.wins:.0%}" for u in laws if u.wins > 0)
-    if top.wins >= 0.95:
-        return f"{top.formula} fits best in {top.wins:.0%} of the seed resamples."
-    return f"Cannot decide: over seed resamples the best-fitting law is {shares} (ties excluded); no law wins 95% of them."
+    return (f"Cannot decide: in {undecided:.0%} of the seed resamples no law leads by 2 AICc"
+            + (f"; a clear winner otherwise: {shares}" if shares else "") + "; no law wins 95% of them.")

@@ -198,7 +198,7 @@ def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | 
         grid = np.linspace(depths.min(), depths.max(), 100)
         best = law.fits[0]
         for width in widths:
-            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"{best.formula} (width {width})")
+            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"point fit {best.formula} (width {width})")
     ax.set_xlabel("depth L")
     ax.set_ylabel("best alpha")
     ax.set_title("best Mix-LN alpha per cell\n(thin bars: alphas giving the same model; thick: 95% over seed resamples)", fontsize=9)
@@ -220,7 +220,7 @@ def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
 
 
-def law_section(points: list[dict], law: LawReport, boot: BootstrapReport | None, metric: str) -> str:
+def law_section(points: list[dict], law: LawReport, boot: BootstrapReport | None, cells: list[dict], metric: str) -> str:
     data = markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", f"{metric} (mean)", "n", "verdict",
                            "95% over seed resamples"],
                           [[p["cell"], p["depth"], p["width"], fmt(p["alpha"]), fmt(p["alpha_range"][1]), p["post_ln_layers"], fmt(p["value"]),
@@ -231,10 +231,14 @@ def law_section(points: list[dict], law: LawReport, boot: BootstrapReport | None
     text = f"{data}\n\n{fits if law.fits else '(no law could be fitted)'}\n\n{law.verdict}\n"
     if boot is None:
         return text + "\nNo bootstrap over seeds: fewer than two cells have confirmed replicates.\n"
-    uncertain = markdown_table(["law", "fits best in", "parameters, 95% interval"],
+    uncertain = markdown_table(["law", "fits best by 2 AICc in", "parameters, 95% interval"],
                                [[u.formula, f"{u.wins:.0%}", "; ".join(f"[{lo:.4g}, {hi:.4g}]" for lo, hi in zip(u.params_low, u.params_high))]
                                 for u in boot.laws])
-    return text + f"\nOver {boot.resamples} resamples of each cell's seeds (its best re-chosen, every law refitted):\n\n{uncertain}\n\n{boot.verdict}\n"
+    seeds = min(len(c["options"][0]["values"]) for c in cells)
+    caveat = (f"With {seeds} seeds per cell a resample draws from few distinct seed sets, so these intervals understate the "
+              "uncertainty; the paired-t verdicts above are the conservative statement.") if seeds < 6 else ""
+    return text + (f"\nOver {boot.resamples} resamples of each cell's seeds (its best re-chosen, every law refitted):\n\n{uncertain}\n\n"
+                   f"{boot.verdict} {caveat}\n")
 
 
 def _interval(span: tuple[float, float] | None) -> str:
@@ -250,7 +254,8 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     headers, rows = cell_rows(plan, records, evidence)
     points = law_points(plan, evidence)
     law = fit_alpha_law(points)
-    boot = bootstrap_laws(bootstrap_cells(plan, evidence, points))
+    resampled = bootstrap_cells(plan, evidence, points)
+    boot = bootstrap_laws(resampled)
     atomic_write_json(search_dir / "alpha_law.json", {
         "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
         "bootstrap": asdict(boot) if boot else None,
@@ -284,7 +289,7 @@ Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha
 Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
 below are fitted to k/L.
 
-{law_section(points, law, boot, plan.metric)}"""
+{law_section(points, law, boot, resampled, plan.metric)}"""
     atomic_write_text(search_dir / "summary.md", summary)
     verdict_line = boot.verdict if boot else law.verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]

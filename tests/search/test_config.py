@@ -40,3 +40,49 @@ def test_progress_view_counts_queued_apart_from_running_and_lists_cells_in_plan_
     line = view.line([SimpleNamespace(status=s) for s in ("TERMINATED", "TERMINATED", "RUNNING", "PENDING")])
     assert "1 queued | 1 running | 2 completed" in line
     assert line.index("depth=4:") < line.index("depth=12:")
+
+
+def test_mix_ln_alpha_is_proposed_as_distinct_layer_counts_and_enumerated_when_they_fit(tmp_path):
+    plan = load_search(write_search(tmp_path, cells={"model.depth": [8, 12]}, trials_per_cell=6,
+                                    space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.5]}},
+                                    baselines=[{"model.layers.mix_ln.alpha": 0.0}, {"model.layers.mix_ln.alpha": 0.25}]))
+    (d8,) = plan.dimensions_in("depth=8")
+    assert (d8.kind, d8.args, d8.name) == ("layers", (0, 4), "model.layers.mix_ln.k")
+    assert plan.searched_values("depth=8", {"model.layers.mix_ln.k": 3}) == {"model.layers.mix_ln.alpha": 3 / 8}
+    # Depth 8: k = 0..4, five distinct models within a budget of 6: enumerated, baselines first, each once.
+    assert plan.enumeration("depth=8") is not None
+    assert [p["model.layers.mix_ln.k"] for p in plan.first_points("depth=8")] == [0, 2, 1, 3, 4]
+    # Depth 12: k = 0..6 is seven models, more than the budget: the sampler chooses, baselines first.
+    assert plan.enumeration("depth=12") is None
+    assert [p["model.layers.mix_ln.k"] for p in plan.first_points("depth=12")] == [0, 3]
+    # Every k the sampler may propose builds exactly that many Post-LN layers.
+    from blockforge.spec.resolve import resolve
+
+    for k in range(5):
+        recipe = plan.recipe(plan.seed_overrides("depth=8", plan.searched_values("depth=8", {"model.layers.mix_ln.k": k}), 0))
+        assert resolve(recipe.model).post_ln_count() == k
+
+
+def test_spaces_of_several_keys_keep_free_duplicates_and_sample(tmp_path):
+    plan = load_search(write_search(tmp_path, space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.5]},
+                                                     "train.lr": {"loguniform": [1e-3, 1e-2]}},
+                                    baselines=[{"model.layers.mix_ln.alpha": 0.0, "train.lr": 3e-3}]))
+    assert plan.enumeration("depth=4") is None
+    assert [d.kind for d in plan.dimensions_in("depth=4")] == ["layers", "loguniform"]
+
+
+def test_confirm_settings_are_checked(tmp_path, capsys):
+    from blockforge.cli import main
+
+    plan = load_search(write_search(tmp_path, confirm={"top": 3, "seeds": 2, "max_seeds": 4}))
+    assert (plan.confirm.top, plan.confirm.seeds, plan.confirm.max_seeds, plan.base_seed) == (3, 2, 4, 0)
+    for confirm, needle in [({"top": 0}, "confirm.top"), ({"seeds": 0}, "confirm.seeds"), ({"seeds": 3, "max_seeds": 2}, "confirm.max_seeds"),
+                            ({"tops": 1}, "confirm.tops")]:
+        path = write_search(tmp_path, confirm=confirm)
+        assert main(["search", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and err.count("\n") == 0, err
+    path = write_search(tmp_path, confirm={"seeds": 2}, space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.5]}, "train.seed": {"int": [0, 9]}},
+                        baselines=[])
+    assert main(["search", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "space.train.seed" in capsys.readouterr().err

@@ -189,3 +189,90 @@ def test_two_worker_data_parallel_trial_on_cpu(tmp_path, ray_session):
     attempts = [json.loads(x) for x in (Path(record.run_dir) / "attempts.jsonl").read_text().splitlines()]
     assert attempts[0]["workers"] == 2
     assert "error" not in (Path(record.run_dir) / "rank1.log").read_text().lower()
+
+
+def test_confirmation_records_seeds_and_verdicts_and_export_takes_the_confirmed_winner(tmp_path, ray_session, capsys):
+    path = write_search(tmp_path, cells={"model.depth": [4]}, trials_per_cell=4, confirm={"top": 2, "seeds": 2})
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    records = outcome.records
+    explore = [r for r in records if r.stage == "explore"]
+    confirm = [r for r in records if r.stage == "confirm"]
+    assert sorted(r.post_ln_layers for r in explore) == [0, 1, 2, 3]  # k = 0..3 enumerated, one seed each
+    assert {r.seed for r in explore} == {0}
+    assert confirm and all(r.status == "completed" and r.steps == 30 for r in confirm)  # never stopped early
+    by_model = {}
+    for r in records:
+        if r.status == "completed":
+            by_model.setdefault(r.model, set()).add(r.seed)
+    finalists = {m for m, seeds in by_model.items() if seeds == {0, 1, 2}}
+    # The 2 best, the baselines (k = 0 and k = 2) and Pre-LN: at least 2 and at most 4 distinct models, 3 seeds each.
+    assert 2 <= len(finalists) <= 4
+    assert any(r.uniform_pre and r.model in finalists for r in records)
+    assert all(len({r.identity for r in records if r.model == m and r.status == "completed"}) == 3 for m in finalists)
+    table = rows(outcome.search_dir)
+    assert {"seed", "stage", "model"} <= set(table[0]) and {row["seed"] for row in table} == {"0", "1", "2"}
+    summary = (outcome.search_dir / "summary.md").read_text()
+    assert "paired t" in summary and "n=3" in summary and "minus Pre-LN [95% CI]" in summary
+    assert any(word in outcome.summary for word in ("Pre-LN", "better", "tied", "worse"))
+
+    from blockforge.search.report import evidence_by_cell
+
+    evidence = evidence_by_cell(outcome_plan(path), records)["depth=4"]
+    assert evidence.winner.n == 3 and evidence.winner.model in finalists
+    assert main(["export", str(outcome.search_dir), "--out", str(tmp_path / "model"), "--no-progress"]) == 0
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "### Replicates" in card and evidence.verdict in card and "seed-0 run" in card
+    import blockforge.export
+    from safetensors.torch import load_file
+
+    exported = load_file(tmp_path / "model" / "model.safetensors")
+    trained = load_file(next(Path(evidence.winner.run_dirs[0]).glob("checkpoints/*/model.safetensors")))
+    assert all(torch.equal(exported[k], trained[k]) for k in exported)  # the winner's own weights
+    assert blockforge.export.load(tmp_path / "model").spec.post_ln_count() == evidence.winner.post_ln_layers
+
+
+def outcome_plan(path):
+    from blockforge.search.config import load_search
+
+    return load_search(path)
+
+
+def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_session):
+    path = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=3, scheduler=None, confirm={"top": 1, "seeds": 1},
+                        space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.75]}, "train.lr": {"loguniform": [1e-3, 1e-2]}},
+                        baselines=[{"model.layers.mix_ln.alpha": 0.0, "train.lr": 3e-3}])
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    lrs = {r.overrides["train.lr"] for r in outcome.records if r.stage == "explore" and r.status == "completed"}
+    assert len(lrs) >= 2  # the sampler moves lr as well as alpha
+    assert "best lr" in outcome.summary
+    from blockforge.search.report import evidence_by_cell
+
+    winner = evidence_by_cell(outcome_plan(path), outcome.records)["depth=2"].winner
+    best_lr = f"{winner.overrides['train.lr']:.4g}"
+    assert best_lr in outcome.summary.splitlines()[2]  # the winner's lr in the cell's row, beside its alpha range
+
+
+def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_path, ray_session):
+    path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, confirm={"top": 2, "seeds": 2},
+                        overrides={"train.steps": 60, "train.checkpoint_every": 10}, max_concurrent=1)
+    out = tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=dict(os.environ),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ledger = Ledger(out / "trials.jsonl")
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if any(r.stage == "confirm" and r.status == "completed" for r in ledger.records()):
+            break
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished = [r for r in ledger.records() if r.status == "completed"]
+    assert any(r.stage == "confirm" for r in finished), "the driver was killed before confirmation"
+    stamps = {r.identity: os.stat(Path(r.run_dir) / "result.json").st_mtime_ns for r in finished}
+
+    outcome = run_search(path, out=out, resume=True, progress_every_s=0)
+    completed = [r for r in outcome.records if r.status == "completed"]
+    for identity, stamp in stamps.items():
+        assert os.stat(Path(next(r.run_dir for r in completed if r.identity == identity)) / "result.json").st_mtime_ns == stamp
+    # Two models (k = 0, 1) x three seeds, each replicate trained once.
+    assert sorted((r.post_ln_layers, r.seed) for r in completed) == [(k, s) for k in (0, 1) for s in (0, 1, 2)]

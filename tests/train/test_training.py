@@ -135,3 +135,20 @@ def test_eval_and_export_commands(tmp_path, recipe_file, capsys):
     assert main(["eval", str(tmp_path / "export")]) == 0
     assert "val_loss" in capsys.readouterr().out
     _one_line_failure(["eval", str(tmp_path / "nowhere")], capsys, "nowhere")
+
+
+def test_one_seed_pairs_candidates_same_data_order_and_same_initial_weights(tmp_path, recipe_file):
+    """Common random numbers: a Pre-LN and a Mix-LN run with one seed see the same batches and start equal."""
+    from blockforge.train.loop import Trainer
+
+    path = recipe_file(steps=10)
+    pre = Trainer(load_recipe(path, [("model.layers.mix_ln.alpha", 0.0), ("train.seed", 5)]), tmp_path / "pre", progress=False)
+    mix = Trainer(load_recipe(path, [("model.layers.mix_ln.alpha", 0.5), ("train.seed", 5)]), tmp_path / "mix", progress=False)
+    other = Trainer(load_recipe(path, [("model.layers.mix_ln.alpha", 0.0), ("train.seed", 6)]), tmp_path / "other", progress=False)
+    assert pre.spec.post_ln_count() == 0 and mix.spec.post_ln_count() == 1
+    a, b, c = (dict(t.model.state_dict()) for t in (pre, mix, other))
+    shared = [k for k in a if k in b]
+    assert len(shared) > 10 and all(torch.equal(a[k], b[k]) for k in shared)
+    assert not torch.equal(a["embed.weight"], c["embed.weight"])
+    first = lambda t: next(t.data.train_batches(4, start=0))  # noqa: E731
+    assert torch.equal(first(pre), first(mix)) and not torch.equal(first(pre), first(other))
