@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import blockforge
-from blockforge.convert import from_timm_vit, to_hf_llama
+from blockforge import from_timm_vit, to_hf_llama
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerRules, LayerSettings, MixLN
 from blockforge.train.speed import compile_blocks

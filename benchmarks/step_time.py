@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import blockforge
-from blockforge.convert import from_timm_vit, to_hf_llama
+from blockforge import from_timm_vit, to_hf_llama
 from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerRules, LayerSettings, MixLN
 

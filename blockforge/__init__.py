@@ -1,10 +1,16 @@
 """blockforge: depth-heterogeneous Transformers from a per-layer YAML spec, and searches over them."""
 
+from blockforge import families  # noqa: F401  (registers the llama and vit families)
 from blockforge.errors import BlockforgeError, DataError, SpecError
 from blockforge.export import load
+from blockforge.families.llama_hf import from_hf_llama, to_hf_llama
+from blockforge.families.vit_timm import from_timm_vit
 from blockforge.nn.build import build_model
 from blockforge.spec import ModelSpec, Recipe, ResolvedSpec, load_recipe, resolve
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockforgeError", "DataError", "ModelSpec", "Recipe", "ResolvedSpec", "SpecError", "build_model", "load", "load_recipe", "resolve"]
+__all__ = [
+    "BlockforgeError", "DataError", "ModelSpec", "Recipe", "ResolvedSpec", "SpecError", "build_model", "from_hf_llama",
+    "from_timm_vit", "load", "load_recipe", "resolve", "to_hf_llama",
+]

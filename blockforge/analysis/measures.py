@@ -20,16 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from blockforge.errors import BlockforgeError
-from blockforge.train.loop import autocast, evaluate, image_loss, layer_grad_norms, lm_loss, to_device
+from blockforge.spec.family import get_family
+from blockforge.train.runtime import Runtime, to_device
+from blockforge.train.task import evaluate, layer_grad_norms, loss_of
 
 
-def data_kind(model: nn.Module) -> str:
-    """'text' for a llama, 'image' for a vit: what `evaluate` calls the data."""
-    return "text" if model.spec.family == "llama" else "image"
-
-
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def drop_metrics(family: str) -> tuple[str, ...]:
+    """The validation metrics layer-drop can report for a family."""
+    return get_family(family).metrics
 
 
 # ---- gradient norms ---------------------------------------------------------------------------
@@ -41,13 +39,12 @@ def grad_norms(model: nn.Module, batches: Iterable, *, pad_id: int | None = None
     Each batch gets its own backward pass (nothing is accumulated across batches), so the rows show the
     spread between batches; `.mean(0)` is the per-layer profile. The model's `.grad` are cleared.
     """
-    device = model_device(model)
+    runtime = Runtime.of(model, precision)
     rows = []
     for batch in batches:
         model.zero_grad(set_to_none=True)
-        batch = to_device(batch, device)
-        with autocast(device, precision):
-            loss = lm_loss(model, batch, pad_id)[0] if data_kind(model) == "text" else image_loss(model, batch)[0]
+        with runtime.autocast():
+            loss = loss_of(model, to_device(batch, runtime.device), pad_id)[0]
         loss.backward()
         rows.append(layer_grad_norms(model))
     model.zero_grad(set_to_none=True)
@@ -110,56 +107,22 @@ class AngularDistance:
         return table
 
 
-class _StatesCaptured(Exception):
-    """Raised by the last block's hook: every state is in hand, so the head (B x T x vocab logits) never runs."""
-
-
-@contextmanager
-def captured_states(model: nn.Module):
-    """Within the block, a forward pass fills the yielded list with x_0 .. x_L and stops with _StatesCaptured."""
-    states: list[torch.Tensor] = []
-
-    def grab_input(block, args):
-        states.append(args[0].detach())
-
-    def grab_output_and_stop(block, args, output):
-        states.append(output.detach())
-        raise _StatesCaptured
-
-    handles = [block.register_forward_pre_hook(grab_input) for block in model.layers]
-    handles.append(model.layers[-1].register_forward_hook(grab_output_and_stop))
-    try:
-        yield states
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def angular_distance(model: nn.Module, batches: Iterable, *, pad_id: int | None = None, precision: str = "auto") -> AngularDistance:
     """d(x_l, x_{l+n}) between the inputs of layers l and l+n, averaged over every token of `batches`.
 
     Text: every input position of every row (padding excluded); images: every token (class token and
     patches). Batches are processed one at a time, so only one batch's states are ever held.
     """
-    device = model_device(model)
+    runtime = Runtime.of(model, precision)
     result = AngularDistance(len(model.layers))
+    model_inputs = get_family(model.spec.family).model_inputs
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), autocast(device, precision), captured_states(model) as states:
+        with torch.no_grad(), runtime.autocast():
             for batch in batches:
-                batch = to_device(batch, device)
-                if data_kind(model) == "text":
-                    inputs = batch[:, :-1]  # what lm_loss feeds the model
-                    keep = (inputs != pad_id).flatten() if pad_id is not None else None
-                else:
-                    inputs, keep = batch[0], None
-                states.clear()
-                try:
-                    model(inputs)
-                except _StatesCaptured:
-                    pass
-                flat = [s.flatten(0, -2) for s in states]  # (tokens, width)
+                inputs, keep = model_inputs(to_device(batch, runtime.device), pad_id)
+                flat = [s.flatten(0, -2) for s in model.forward_intermediates(inputs)]  # (tokens, width)
                 result.update(flat if keep is None else [s[keep] for s in flat])
     finally:
         model.train(was_training)
@@ -187,26 +150,23 @@ def layer_skipped(model: nn.Module, index: int):
         model.layers[index] = block
 
 
-LAYER_DROP_METRICS = {"text": ("val_loss", "val_ppl"), "image": ("val_loss", "val_acc")}
-
-
 def layer_drop(model: nn.Module, batches: Iterable, metric: str = "val_loss", *, pad_id: int | None = None, precision: str = "auto") -> dict:
     """The validation metric with each layer skipped in turn, and its change from the full model.
 
     Returns {'metric', 'baseline', 'dropped': [per layer], 'change': [dropped - baseline], and every
     metric `evaluate` gives in 'baseline_metrics' and 'dropped_metrics'}.
     """
-    kind = data_kind(model)
-    if metric not in LAYER_DROP_METRICS[kind]:
-        raise BlockforgeError(f"layer-drop metric '{metric}' does not apply to a {model.spec.family} model; choose one of: {', '.join(LAYER_DROP_METRICS[kind])}")
+    allowed = drop_metrics(model.spec.family)
+    if metric not in allowed:
+        raise BlockforgeError(f"layer-drop metric '{metric}' does not apply to a {model.spec.family} model; choose one of: {', '.join(allowed)}")
     if not isinstance(batches, Sequence):
         batches = list(batches)  # evaluated once per layer and once more for the full model
-    device = model_device(model)
-    baseline = evaluate(model, batches, kind, device, precision, pad_id)
+    runtime = Runtime.of(model, precision)
+    baseline = evaluate(model, batches, runtime, pad_id)
     dropped = []
     for index in range(len(model.layers)):
         with layer_skipped(model, index):
-            dropped.append(evaluate(model, batches, kind, device, precision, pad_id))
+            dropped.append(evaluate(model, batches, runtime, pad_id))
     return {
         "metric": metric,
         "baseline": baseline[metric],

@@ -28,14 +28,6 @@ DEFAULT_IMAGES = 1024  # vit images (all their tokens) for the same
 DEFAULT_SEEDS = (0, 1, 2)
 
 
-def _override_text(item) -> str:
-    return item if isinstance(item, str) else f"{item[0]}={json.dumps(item[1])}"
-
-
-def _override_key(item) -> str:
-    return (item.partition("=")[0] if isinstance(item, str) else item[0]).strip()
-
-
 def _check_settings(paths, out: Path, chosen: dict, tokens, images, seeds, batch_size, grad_batches) -> None:
     if not paths:
         raise BlockforgeError("give at least one target: a run folder, an export folder or a recipe YAML")
@@ -80,33 +72,33 @@ def analyze(
     `tokens` LM tokens or `images` images, layer-drop the same budget from validation data only.
     """
     from blockforge import __version__
-    from blockforge.spec.resolve import resolve
-    from blockforge.train.loop import pick_device
+    from blockforge.spec.family import get_family
+    from blockforge.train.runtime import pick_device
 
     paths, overrides, seeds, out = list(paths), list(overrides), list(seeds), Path(out)
     chosen = {"grad_norms": grad_norms, "angular_distance": angular, "layer_drop": layer_drop}
     _check_settings(paths, out, chosen, tokens, images, seeds, batch_size, grad_batches)
     targets = [open_target(path, overrides) for path in paths]
     label_targets(targets, at_init=at_init)
-    model_keys = [_override_key(item) for item in overrides if _override_key(item).startswith("model.")]
+    model_keys = [item.key for item in overrides if item.key.startswith("model.")]
     for target in targets:
         if target.trained and not at_init and model_keys:
             raise BlockforgeError(
                 f"--set {model_keys[0]}: a trained model's architecture is fixed by its spec.yaml; drop the override or pass --at-init"
             )
         if layer_drop:
-            kind = "text" if target.recipe.model.family == "llama" else "image"
-            if drop_metric not in measures.LAYER_DROP_METRICS[kind]:
+            allowed = measures.drop_metrics(target.recipe.model.family)
+            if drop_metric not in allowed:
                 raise BlockforgeError(
                     f"--drop-metric {drop_metric} does not apply to {target.path} ({target.recipe.model.family}); "
-                    f"choose one of: {', '.join(measures.LAYER_DROP_METRICS[kind])}"
+                    f"choose one of: {', '.join(allowed)}"
                 )
     writable_folder(out, "the analysis")
     torch_device = pick_device(device)
 
     inputs = {
         "targets": [{"path": str(t.path), "kind": t.kind, "label": t.label} for t in targets],
-        "at_init": at_init, "overrides": [_override_text(item) for item in overrides], "seeds": seeds,
+        "at_init": at_init, "overrides": [str(item) for item in overrides], "seeds": seeds,
         "tokens": tokens, "images": images, "batch_size": batch_size, "grad_batches": grad_batches,
         "drop_metric": drop_metric, "device": str(torch_device), "blockforge": __version__, "torch": torch.__version__,
     }
@@ -118,10 +110,11 @@ def analyze(
     for target in targets:
         data = target_dataset(target, datasets)
         pad_id = getattr(data, "pad_id", None)
-        spec = resolve(target.recipe.model)
+        spec = target.recipe.spec
         precision = target.recipe.train.precision
         untrained = at_init or not target.trained
-        budget = math.ceil(tokens / spec.context) if spec.family == "llama" else images  # rows or images
+        per_sample = get_family(spec.family).samples_to_items(spec)  # tokens per row, or 1 per image
+        budget = math.ceil(tokens / per_sample) if per_sample > 1 else images
         models: dict = {}
 
         def model(seed):

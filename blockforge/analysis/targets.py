@@ -11,13 +11,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
 
 from blockforge.errors import BlockforgeError
-from blockforge.spec.recipe import Recipe, apply_overrides, load_recipe, read_yaml, recipe_from_data
+from blockforge.spec.recipe import Assignment, Recipe, apply_overrides, load_recipe, read_yaml, recipe_from_data
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Target:
         return json.loads(record.read_text()).get("step")
 
 
-def open_target(path: str | Path, overrides=()) -> Target:
+def open_target(path: str | Path, overrides: Iterable[Assignment] = ()) -> Target:
     """A Target for a run folder, an export folder or a recipe file; `overrides` are --set style."""
     path = Path(path)
     if path.is_file():
@@ -68,12 +68,10 @@ def label_targets(targets: list[Target], *, at_init: bool) -> None:
 
 
 def untrained_model(target: Target, seed: int, device: torch.device) -> nn.Module:
-    """The target's model as initialized with torch seed `seed`."""
+    """The target's model as initialized with seed `seed` (what train.seed `seed` starts from)."""
     from blockforge.nn.build import build_model
-    from blockforge.spec.resolve import resolve
 
-    torch.manual_seed(seed)
-    return build_model(resolve(target.recipe.model), device=device)
+    return build_model(target.recipe.spec, device=device, seed=seed)
 
 
 def trained_model(target: Target, device: torch.device) -> nn.Module:
@@ -84,17 +82,15 @@ def trained_model(target: Target, device: torch.device) -> nn.Module:
 
 def target_dataset(target: Target, cache: dict | None = None):
     """The dataset of the target's recipe (shared through `cache` by targets with the same data and sizes)."""
-    from blockforge.data import build_dataset
-    from blockforge.spec.resolve import resolve
-    from blockforge.train.loop import cache_dir
+    from blockforge.data import dataset_for
 
     recipe = target.recipe
-    spec = resolve(recipe.model)
+    spec = recipe.spec
     sizes = dict(seq_len=spec.context, vocab=spec.vocab, image_size=spec.image_size, channels=spec.channels, classes=spec.classes)
     key = (repr(recipe.data), spec.family, tuple(sorted(sizes.items())), recipe.train.seed)
     if cache is not None and key in cache:
         return cache[key]
-    data = build_dataset(recipe.data, family=spec.family, seed=recipe.train.seed, cache_dir=cache_dir(), **sizes)
+    data = dataset_for(recipe)
     if cache is not None:
         cache[key] = data
     return data

@@ -1,71 +1,43 @@
 """Training and validation data: text for the llama family, images for the vit family.
 
-    from blockforge.data import build_dataset
-    ds = build_dataset(recipe.data, family="llama", seq_len=256, vocab=32000, image_size=None,
-                       channels=None, classes=None, seed=0, cache_dir=Path(".cache/blockforge"))
+    from blockforge.data import dataset_for
+    ds = dataset_for(recipe)                     # the recipe's data, sized for its model, seeded by train.seed
     for step, batch in enumerate(ds.train_batches(16, start=resumed_steps), resumed_steps): ...
 
 Modules: corpus (text sources and the train/validation split), stdlib_docs (the builtin corpus
 extractor, run as a script), tokenizer, text (token rows, packing, streaming), images, batching (the
-resumable epoch order). The recipe loader imports this package for DataConfig, so nothing heavy
-(datasets, transformers, torchvision) is imported until a dataset is built.
+resumable epoch order). Which builder a recipe uses is its family's (blockforge.spec.family); nothing
+heavy (datasets, transformers, torchvision) is imported until a dataset is built.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from blockforge.data.config import IMAGE_SOURCES, TEXT_SOURCES, DataConfig, TokenizerConfig
-from blockforge.errors import DataError
+from blockforge.spec.data import DataConfig, TokenizerConfig
+from blockforge.spec.family import get_family
 
-__all__ = ["DataConfig", "TokenizerConfig", "build_dataset", "load_tokenizer"]
+__all__ = ["DataConfig", "TokenizerConfig", "cache_dir", "dataset_for", "load_tokenizer"]
 
 
-def build_dataset(
-    data_cfg: DataConfig,
-    *,
-    family: str,
-    seq_len: int | None,
-    vocab: int | None,
-    image_size: int | None,
-    channels: int | None,
-    classes: int | None,
-    seed: int,
-    cache_dir: Path,
-    run_dir: Path | None = None,
-):
-    """The dataset `data_cfg` describes, checked against the model's sizes.
+def cache_dir() -> Path:
+    """Where corpora, tokenizers and token arrays are cached (BLOCKFORGE_CACHE, else ~/.cache/blockforge)."""
+    return Path(os.environ.get("BLOCKFORGE_CACHE", Path.home() / ".cache" / "blockforge")).expanduser()
 
-    Text (family llama) gives a TextDataset or StreamingTextDataset, images (family vit) a
-    TensorImageDataset or ImageFolderDataset; all have kind, train_batches(batch_size, start),
-    val_batches(batch_size, limit) and describe(). Text datasets also have tokenizer, pad_id (None
-    when packing; otherwise the loss must ignore targets equal to it) and unigram_perplexity(); their
-    tokenizer is saved into run_dir/tokenizer when run_dir is given. Caches (corpus, tokenizer,
-    tokens) live under cache_dir.
+
+def dataset_for(recipe, *, run_dir: Path | None = None, seed: int | None = None):
+    """The dataset of `recipe` (its data section, sized for its resolved model), shuffled by train.seed.
+
+    Text gives a TextDataset or StreamingTextDataset, images a TensorImageDataset or ImageFolderDataset;
+    all have kind, train_batches(batch_size, start), val_batches(batch_size, limit) and describe().
+    Text datasets also have tokenizer, pad_id (None when packing; otherwise the loss must ignore
+    targets equal to it) and unigram_perplexity(); their tokenizer is saved into run_dir/tokenizer
+    when run_dir is given. Caches (corpus, tokenizer, tokens) live under cache_dir().
     """
-    if family not in ("llama", "vit"):
-        raise DataError(f"model.family: no data for family '{family}'; choose one of: llama, vit")
-    text = family == "llama"
-    sources = TEXT_SOURCES if text else IMAGE_SOURCES
-    if data_cfg.source not in sources:
-        raise DataError(
-            f"data.source: '{data_cfg.source}' does not fit model.family {family}; choose one of: {', '.join(sources)}"
-        )
-    if text:
-        sizes = {"model.context": seq_len}
-    else:
-        sizes = {"model.image_size": image_size, "model.channels": channels, "model.classes": classes}
-    for key, value in sizes.items():
-        if value is None:
-            raise DataError(f"{key}: is needed to prepare {family} data; set it in the model section")
-    cache_dir = Path(cache_dir).expanduser()
-    if text:
-        from blockforge.data.text import build_text_dataset
-
-        return build_text_dataset(data_cfg, seq_len=seq_len, vocab=vocab, seed=seed, cache_dir=cache_dir, run_dir=run_dir)
-    from blockforge.data.images import build_image_dataset
-
-    return build_image_dataset(data_cfg, image_size=image_size, channels=channels, classes=classes, seed=seed)
+    spec = recipe.spec
+    seed = recipe.train.seed if seed is None else seed
+    return get_family(spec.family).dataset(recipe.data, spec, seed, cache_dir(), run_dir)
 
 
 def load_tokenizer(directory: str | Path):

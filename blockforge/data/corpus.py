@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from blockforge.data.config import DataConfig
+from blockforge.spec.data import DataConfig
 from blockforge.errors import DataError
 from blockforge.io import atomic_write_json
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from blockforge.data.batching import derived_seed, shuffled_batches
-from blockforge.data.config import DataConfig
+from blockforge.spec.data import DataConfig
 from blockforge.errors import DataError
 
 DIGITS_SPLIT_SEED = 0

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from blockforge.data.batching import derived_seed, shuffled_batches
-from blockforge.data.config import DataConfig
+from blockforge.spec.data import DataConfig
 from blockforge.data.corpus import Corpus, hf_texts, load_corpus, open_hf_split, source_key, validation_score
 from blockforge.data.tokenizer import Tokenizer, build_tokenizer, check_token_ids
 from blockforge.errors import DataError

@@ -21,7 +21,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from blockforge.data.config import TokenizerConfig
+from blockforge.spec.data import TokenizerConfig
 from blockforge.data.corpus import text_hash
 from blockforge.errors import DataError
 from blockforge.io import atomic_write

@@ -75,18 +75,51 @@ def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     return out.transpose(1, 2)
 
 
-ATTENTION_BACKENDS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": _sdpa, "eager": _eager, "xformers": _xformers}
+class _FusedFootprint(torch.autograd.Function):
+    """Shapes only, as flash/efficient attention keeps them: q, k, v, the output and the log-sum-exp saved.
+
+    The `footprint` backend, for memory plans on the meta device (where SDPA falls back to its unfused
+    math and would save a T x T matrix no GPU kernel keeps).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _footprint(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return _FusedFootprint.apply(q, k, v)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": _sdpa, "eager": _eager, "xformers": _xformers, "footprint": _footprint}
 
 
 class Attention(nn.Module):
     def __init__(self, width: int, heads: int, *, bias: bool, causal: bool, backend: str):
         super().__init__()
+        self.width = width
         self.heads = heads
         self.head_dim = width // heads
         self.causal = causal
         self.backend = backend
+        self.kernel = ATTENTION_BACKENDS[backend]  # chosen once, at build
         self.qkv = nn.Linear(width, 3 * width, bias=bias)  # rows: q, then k, then v
         self.proj = nn.Linear(width, width, bias=bias)
+
+    def init_weights(self, draw, std: float, gain: float) -> None:
+        """q, k, v and the output projection N(0, std); the value rows and the output further scaled by `gain`."""
+        draw.linear(self.qkv, std)
+        with torch.no_grad():
+            self.qkv.weight[2 * self.width :].mul_(gain)  # value rows
+        draw.linear(self.proj, std * gain)
 
     def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         B, T, C = x.shape
@@ -97,5 +130,5 @@ class Attention(nn.Module):
         else:
             q, k, v = qkv.unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
-        y = ATTENTION_BACKENDS[self.backend](q, k, v, self.causal)  # (B, nh, T, hs)
+        y = self.kernel(q, k, v, self.causal)  # (B, nh, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))

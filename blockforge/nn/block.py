@@ -3,6 +3,8 @@
     h = out_norm( a * x  +  branch_norm( branch( s * in_norm(x) ) ) )
 
 Empty slots are nn.Identity and a, s are plain floats, so every placement runs the same code.
+`Backbone` is what llama and vit share: a stack of blocks built from the resolved spec, seeded
+initialization, per-layer activation checkpointing and the inputs of every block for analysis.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from blockforge.nn.placements import Placement
+from blockforge.nn.attention import Attention
+from blockforge.nn.init import SeededInit
+from blockforge.nn.norms import make_norm
+from blockforge.spec.model import LayerSpec, ResolvedSpec
+from blockforge.spec.placements import Placement, get_placement
 
 
 class Residual(nn.Module):
@@ -42,7 +49,81 @@ class Block(nn.Module):
         super().__init__()
         self.attn = attn
         self.mlp = mlp
+        self.checkpointed = False  # recompute activations in the backward pass (Backbone.set_grad_checkpointing)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+    def _forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         x = self.attn(x, rope=rope)
         return self.mlp(x)
+
+
+def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], bias: bool, causal: bool) -> Block:
+    """Block `layer.index` of `spec`: attention and `mlp` branches in the layer's placement."""
+    placement = get_placement(layer.placement)
+
+    def norm() -> nn.Module:
+        return make_norm(spec.norm, spec.width, spec.norm_eps)
+
+    attn = Attention(spec.width, layer.heads, bias=bias, causal=causal, backend=spec.attention)
+    return Block(
+        Residual(attn, placement, norm, layer.index, spec.depth),
+        Residual(mlp(spec.width, layer.ffn, bias=bias), placement, norm, layer.index, spec.depth),
+    )
+
+
+class Backbone(nn.Module):
+    """A stack of blocks (`self.layers`, one per `spec.layers[i]`) between a family's embedding and head."""
+
+    spec: ResolvedSpec
+    layers: nn.ModuleList
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialize every weight from `seed` (None: a seed drawn from torch's global generator); see nn.init."""
+        draw = SeededInit(self, seed, truncated=self.truncated_init)
+        for block, layer in zip(self.layers, self.spec.layers, strict=True):
+            std = self.spec.init_std * layer.init_scale
+            gain = get_placement(layer.placement).branch_init_gain(layer.index, self.spec.depth)
+            block.attn.branch.init_weights(draw, std, gain)
+            block.mlp.branch.init_weights(draw, std, gain)
+        self.init_outer_weights(draw)
+
+    truncated_init = False  # draw from a truncated normal (timm's ViT) instead of a plain one
+
+    def init_outer_weights(self, draw: SeededInit) -> None:
+        """Embeddings and head: each family's own."""
+        raise NotImplementedError
+
+    def set_grad_checkpointing(self, layers: list[int] | bool = True) -> None:
+        """Recompute the chosen blocks' activations in the backward pass instead of keeping them (True: all)."""
+        chosen = set(range(len(self.layers))) if layers is True else set(layers or [])
+        for index, block in enumerate(self.layers):
+            block.checkpointed = index in chosen
+
+    def forward_intermediates(self, inputs: torch.Tensor) -> list[torch.Tensor]:
+        """x_0 .. x_L: the input of every block and the output of the last one (before the final norm).
+
+        The head never runs, so a (B, T, vocab) tensor is never made.
+        """
+        x, kwargs = self.embed_inputs(inputs)
+        states = [x]
+        for block in self.layers:
+            x = block(x, **kwargs)
+            states.append(x)
+        return states
+
+    def embed_inputs(self, inputs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The first block's input and the keyword arguments every block takes (e.g. rope)."""
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x, kwargs = self.embed_inputs(inputs)
+        for block in self.layers:
+            x = block(x, **kwargs)
+        return self.head_outputs(x)
+
+    def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,17 +1,13 @@
-"""build_model: a resolved spec in, an initialized nn.Module out."""
+"""build_model: a resolved spec in, an initialized nn.Module out (the family's backbone)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from blockforge.nn.init import init_weights
-from blockforge.nn.llama import Llama
-from blockforge.nn.vit import ViT
+from blockforge.spec.family import get_family
 from blockforge.spec.model import ModelSpec, ResolvedSpec
 from blockforge.spec.resolve import resolve
-
-BACKBONES: dict[str, type[nn.Module]] = {"llama": Llama, "vit": ViT}
 
 
 def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | None = None, seed: int | None = None) -> nn.Module:
@@ -23,9 +19,9 @@ def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | 
     if isinstance(spec, ModelSpec):
         spec = resolve(spec)
     with torch.device(device or "cpu"):
-        model = BACKBONES[spec.family](spec)
+        model = get_family(spec.family).build(spec)
     if not any(p.is_meta for p in model.parameters()):
-        init_weights(model, spec, seed)
+        model.init_weights(seed)
     return model
 
 
@@ -36,3 +32,9 @@ def layer_parameter_counts(model: nn.Module) -> list[int]:
 def parameter_count(model: nn.Module) -> int:
     """Parameters counted once even when tied."""
     return sum(p.numel() for p in model.parameters())
+
+
+def copy_weight(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst <- src (cast to dst's dtype), outside autograd: for converters."""
+    with torch.no_grad():
+        dst.copy_(src.detach().to(dst.dtype))

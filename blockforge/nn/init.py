@@ -1,13 +1,13 @@
-"""Weight initialization, applied after construction by walking model.layers[i] beside spec.layers[i].
+"""Seeded weight initialization: every tensor is drawn from its own generator, seeded by (seed, its name).
 
-Linear weights are N(0, init_std * layer.init_scale); the placement's branch gain (DeepNorm's
-(8L)^(-1/4)) further scales the value rows of qkv, the attention output and the MLP weights, and
-leaves queries and keys alone. Norms keep their construction values (weight 1, bias 0).
+Two models built with one seed therefore start from the same values in every parameter they share by
+name and shape, whatever else differs between them (a placement, another layer's width): comparisons
+between candidates of a search are paired by seed (common random numbers), not blurred by init noise.
 
-Every tensor is drawn from its own generator, seeded by (seed, the parameter's name). Two models
-built with one seed therefore start from the same values in every parameter they share by name and
-shape, whatever else differs between them (a placement, another layer's width): comparisons between
-candidates of a search are paired by seed (common random numbers), not blurred by init noise.
+What is drawn where belongs to the modules (`Attention.init_weights`, the MLPs', each backbone's
+`init_outer_weights`); this file holds the seeded drawing they share. Linear weights of block l are
+N(0, init_std * init_scale_l); the placement's branch gain (DeepNorm's (8L)^(-1/4)) further scales the
+value rows, the attention output and the MLP; norms keep their construction values (weight 1, bias 0).
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import hashlib
 import torch
 from torch import nn
 
-from blockforge.nn.placements import get_placement
-from blockforge.spec.model import ResolvedSpec
-
 
 def parameter_seed(seed: int, name: str) -> int:
     """A 63-bit seed for the parameter called `name` (e.g. 'layers.3.attn.branch.qkv.weight') under `seed`."""
@@ -27,49 +24,34 @@ def parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-@torch.no_grad()
-def init_weights(model: nn.Module, spec: ResolvedSpec, seed: int | None = None) -> None:
-    """Initialize `model` in place; `seed` None draws one from torch's global generator."""
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()))
-    vit = spec.family == "vit"  # timm draws ViT weights from a truncated normal
-    names = {id(p): name for name, p in model.named_parameters()}  # a tied weight goes by its first name
+class SeededInit:
+    """Draws the parameters of `model` in place, each from the generator of (seed, its name)."""
 
-    def generator(tensor: torch.Tensor) -> torch.Generator:
-        return torch.Generator(device=tensor.device).manual_seed(parameter_seed(seed, names[id(tensor)]))
+    def __init__(self, model: nn.Module, seed: int | None, *, truncated: bool = False):
+        self.seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
+        self.truncated = truncated  # timm's ViT draws from a truncated normal
+        self.names = {id(p): name for name, p in model.named_parameters()}  # a tied weight goes by its first name
 
-    def normal(tensor: torch.Tensor, std: float, truncated: bool = vit) -> None:
-        if truncated:
-            nn.init.trunc_normal_(tensor, std=std, generator=generator(tensor))
+    def generator(self, tensor: torch.Tensor) -> torch.Generator:
+        return torch.Generator(device=tensor.device).manual_seed(parameter_seed(self.seed, self.names[id(tensor)]))
+
+    @torch.no_grad()
+    def normal(self, tensor: torch.Tensor, std: float, *, truncated: bool | None = None) -> None:
+        if self.truncated if truncated is None else truncated:
+            nn.init.trunc_normal_(tensor, std=std, generator=self.generator(tensor))
         else:
-            tensor.normal_(0.0, std, generator=generator(tensor))
+            tensor.normal_(0.0, std, generator=self.generator(tensor))
 
-    def linear(module: nn.Linear, std: float) -> None:
-        normal(module.weight, std)
+    @torch.no_grad()
+    def linear(self, module: nn.Linear, std: float) -> None:
+        self.normal(module.weight, std)
         if module.bias is not None:
             module.bias.zero_()
 
-    for block, layer in zip(model.layers, spec.layers, strict=True):
-        std = spec.init_std * layer.init_scale
-        gain = get_placement(layer.placement).branch_init_gain(layer.index, spec.depth)
-        attn, mlp = block.attn.branch, block.mlp.branch
-        linear(attn.qkv, std)
-        attn.qkv.weight[2 * spec.width :].mul_(gain)  # value rows
-        linear(attn.proj, std * gain)
-        for module in mlp.modules():
-            if isinstance(module, nn.Linear):
-                linear(module, std * gain)
-
-    if spec.family == "llama":
-        normal(model.embed.weight, spec.embed_init_std)
-        if not spec.tie_embeddings:
-            normal(model.head.weight, spec.init_std)
-    else:
-        # The patch projection keeps PyTorch's default Conv2d distribution (as timm does), drawn seeded.
-        conv = model.patch_embed
-        nn.init.kaiming_uniform_(conv.weight, a=5**0.5, generator=generator(conv.weight))
-        bound = conv.weight[0].numel() ** -0.5
-        conv.bias.uniform_(-bound, bound, generator=generator(conv.bias))
-        normal(model.pos_embed, spec.embed_init_std)
-        normal(model.cls_token, 1e-6, truncated=False)
-        linear(model.head, spec.init_std)
+    @torch.no_grad()
+    def torch_default(self, module: nn.Conv2d | nn.Linear) -> None:
+        """PyTorch's own default for the layer (kaiming-uniform weight, uniform bias), drawn seeded."""
+        nn.init.kaiming_uniform_(module.weight, a=5**0.5, generator=self.generator(module.weight))
+        if module.bias is not None:
+            bound = module.weight[0].numel() ** -0.5
+            module.bias.uniform_(-bound, bound, generator=self.generator(module.bias))

@@ -5,43 +5,36 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blockforge.nn.attention import Attention, rope_tables
-from blockforge.nn.block import Block, Residual
+from blockforge.nn.attention import rope_tables
+from blockforge.nn.block import Backbone, build_block
+from blockforge.nn.init import SeededInit
 from blockforge.nn.mlp import SwiGLU
 from blockforge.nn.norms import make_norm
-from blockforge.nn.placements import get_placement
-from blockforge.spec.model import LayerSpec, ResolvedSpec
+from blockforge.spec.model import ResolvedSpec
 
 
-def llama_block(spec: ResolvedSpec, layer: LayerSpec) -> Block:
-    placement = get_placement(layer.placement)
-
-    def norm() -> nn.Module:
-        return make_norm(spec.norm, spec.width, spec.norm_eps)
-
-    attn = Attention(spec.width, layer.heads, bias=False, causal=True, backend=spec.attention)
-    return Block(
-        Residual(attn, placement, norm, layer.index, spec.depth),
-        Residual(SwiGLU(spec.width, layer.ffn), placement, norm, layer.index, spec.depth),
-    )
-
-
-class Llama(nn.Module):
+class Llama(Backbone):
     def __init__(self, spec: ResolvedSpec):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab, spec.width)
-        self.layers = nn.ModuleList(llama_block(spec, layer) for layer in spec.layers)
+        self.layers = nn.ModuleList(build_block(spec, layer, mlp=SwiGLU, bias=False, causal=True) for layer in spec.layers)
         self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.vocab, bias=False)
         if spec.tie_embeddings:
             self.head.weight = self.embed.weight
         self._head_dims = {spec.width // layer.heads for layer in spec.layers}
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, vocab)."""
+    def embed_inputs(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """tokens (B, T) -> the first block's input (B, T, C) and the RoPE tables every block uses."""
         x = self.embed(tokens)  # (B, T, C)
-        rope = rope_tables(self._head_dims, tokens.shape[1], self.spec.rope_theta, x.device)
-        for block in self.layers:
-            x = block(x, rope=rope)
+        return x, {"rope": rope_tables(self._head_dims, tokens.shape[1], self.spec.rope_theta, x.device)}
+
+    def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> logits (B, T, vocab)."""
         return self.head(self.final_norm(x))
+
+    def init_outer_weights(self, draw: SeededInit) -> None:
+        draw.normal(self.embed.weight, self.spec.embed_init_std)
+        if not self.spec.tie_embeddings:
+            draw.normal(self.head.weight, self.spec.init_std)

@@ -1,4 +1,4 @@
-"""Feed-forward branches: SwiGLU (llama) and GELU (vit)."""
+"""Feed-forward branches: SwiGLU (llama) and GELU (vit). `init_weights(draw, std, gain)`: every weight N(0, std * gain)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ class SwiGLU(nn.Module):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
+    def init_weights(self, draw, std: float, gain: float) -> None:
+        draw.linear(self.gate_up, std * gain)
+        draw.linear(self.down, std * gain)
+
 
 class GeluMLP(nn.Module):
     def __init__(self, width: int, hidden: int, *, bias: bool = True):
@@ -26,3 +30,7 @@ class GeluMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
+
+    def init_weights(self, draw, std: float, gain: float) -> None:
+        draw.linear(self.fc1, std * gain)
+        draw.linear(self.fc2, std * gain)

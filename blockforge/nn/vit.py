@@ -5,28 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blockforge.nn.attention import Attention
-from blockforge.nn.block import Block, Residual
+from blockforge.nn.block import Backbone, build_block
+from blockforge.nn.init import SeededInit
 from blockforge.nn.mlp import GeluMLP
 from blockforge.nn.norms import make_norm
-from blockforge.nn.placements import get_placement
-from blockforge.spec.model import LayerSpec, ResolvedSpec
+from blockforge.spec.model import ResolvedSpec
 
 
-def vit_block(spec: ResolvedSpec, layer: LayerSpec) -> Block:
-    placement = get_placement(layer.placement)
+class ViT(Backbone):
+    truncated_init = True  # as timm draws its ViT weights
 
-    def norm() -> nn.Module:
-        return make_norm(spec.norm, spec.width, spec.norm_eps)
-
-    attn = Attention(spec.width, layer.heads, bias=True, causal=False, backend=spec.attention)
-    return Block(
-        Residual(attn, placement, norm, layer.index, spec.depth),
-        Residual(GeluMLP(spec.width, layer.ffn), placement, norm, layer.index, spec.depth),
-    )
-
-
-class ViT(nn.Module):
     def __init__(self, spec: ResolvedSpec):
         super().__init__()
         self.spec = spec
@@ -34,14 +22,21 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(spec.channels, spec.width, kernel_size=spec.patch_size, stride=spec.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, spec.width))
         self.pos_embed = nn.Parameter(torch.zeros(1, patches + 1, spec.width))
-        self.layers = nn.ModuleList(vit_block(spec, layer) for layer in spec.layers)
+        self.layers = nn.ModuleList(build_block(spec, layer, mlp=GeluMLP, bias=True, causal=False) for layer in spec.layers)
         self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, channels, H, W) -> logits (B, classes)."""
+    def embed_inputs(self, images: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """images (B, channels, H, W) -> the first block's input (B, N+1, C): class token, then patches."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed  # (B, N+1, C)
-        for block in self.layers:
-            x = block(x)
+        return torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed, {}  # (B, N+1, C)
+
+    def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N+1, C) -> logits (B, classes), from the class token."""
         return self.head(self.final_norm(x)[:, 0])
+
+    def init_outer_weights(self, draw: SeededInit) -> None:
+        draw.torch_default(self.patch_embed)  # the patch projection keeps PyTorch's Conv2d default, as timm's does
+        draw.normal(self.pos_embed, self.spec.embed_init_std)
+        draw.normal(self.cls_token, 1e-6, truncated=False)
+        draw.linear(self.head, self.spec.init_std)

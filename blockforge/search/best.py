@@ -9,6 +9,7 @@ from blockforge.errors import BlockforgeError
 from blockforge.search.config import load_search
 from blockforge.search.ledger import Ledger
 from blockforge.tables import fmt, markdown_table
+from blockforge.train.events import Status
 
 
 def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
@@ -38,11 +39,12 @@ def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = N
     evidence = evidence_by_cell(plan, records)[name]
     winner = evidence.winner
     if winner is not None:
-        seed = plan.base_seed if plan.base_seed in winner.run_dirs else min(winner.run_dirs)
+        base = plan.base_seeds[name]
+        seed = base if base in winner.run_dirs else min(winner.run_dirs)
         searched, run_dir, full = winner.overrides, Path(winner.run_dirs[seed]), True
     else:  # nothing reached the full budget: the furthest, best pruned trial, retrained below
         sign = 1.0 if plan.mode == "min" else -1.0
-        pruned = [r for r in records if r.cell == name and r.status == "pruned" and r.value is not None]
+        pruned = [r for r in records if r.cell == name and r.status == Status.PRUNED and r.value is not None]
         if not pruned:
             raise BlockforgeError(f"{search_dir}: cell {name} has no completed or pruned trial to export; resume the search first")
         best = min(pruned, key=lambda r: (-r.steps, sign * r.value))

@@ -17,6 +17,7 @@ from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
 from blockforge.search.config import SearchPlan, load_search
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.train.events import Status
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 
@@ -54,8 +55,9 @@ class ProgressView:
 
     def line(self, tune_trials: list | None = None) -> str:
         records = self.ledger.records()
-        counts = {s: sum(r.status == s for r in records) for s in ("running", "completed", "pruned", "diverged", "failed", "duplicate")}
-        counts["replicates"] = sum(r.stage == "confirm" and r.status in ("completed", "diverged") for r in records)
+        shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE)
+        counts = {str(s): sum(r.status == s for r in records) for s in shown}
+        counts["replicates"] = sum(r.stage == "confirm" and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}
@@ -135,7 +137,8 @@ def run_search(
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
     from ray import tune
 
-    from blockforge.search.searcher import OBJECTIVE, CellScheduler, CellSearcher
+    from blockforge.search.config import OBJECTIVE
+    from blockforge.search.searcher import CellScheduler, CellSearcher
 
     from blockforge.search.evidence import t_quantile
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from blockforge.train.events import Status
+
 LEVEL = 0.95
 METHOD = "paired t, 95%"
 
@@ -169,11 +171,11 @@ def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:
     """Group a cell's trained, full-budget records by model; duplicates (no training of their own) are left out."""
     found: dict[str, Candidate] = {}
     for r in records:
-        if r.cell != cell or r.status not in ("completed", "diverged"):
+        if r.cell != cell or r.status not in (Status.COMPLETED, Status.DIVERGED):
             continue
         model = r.model or r.identity or f"trial {r.trial}"  # ledgers from before replicates name no model
         c = found.setdefault(model, Candidate(model, dict(r.overrides), r.alpha, r.post_ln_layers, r.uniform_pre))
-        if r.status == "diverged":
+        if r.status == Status.DIVERGED:
             c.values[r.seed] = penalty
             c.diverged.append(r.seed)
         elif r.value is not None:

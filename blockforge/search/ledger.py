@@ -15,7 +15,6 @@ from typing import Any
 
 from blockforge.io import atomic_write_text
 
-STATUSES = ("completed", "pruned", "diverged", "failed", "duplicate", "running")
 COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
            "model", "identity", "duplicate_of", "note"]
 STAGES = ("explore", "confirm")
@@ -25,7 +24,7 @@ STAGES = ("explore", "confirm")
 class TrialRecord:
     cell: str
     trial: int  # the trial's number within its cell (exploration: the Optuna trial number)
-    status: str
+    status: str  # a blockforge.train.events.Status value
     stage: str = "explore"  # explore (sampled, maybe stopped early) | confirm (a finalist's replicate, full budget)
     seed: int = 0  # train.seed
     model: str = ""  # the model's identity, the seed aside: replicates of one model share it

@@ -7,7 +7,6 @@ interval, and a verdict that calls it better than Pre-LN only when the interval 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text
-from blockforge.search.config import MIX_LN_ALPHA, SearchPlan
+from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
 from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
 from blockforge.search.ledger import Ledger, TrialRecord
@@ -23,6 +22,7 @@ from blockforge.spec.resolve import mix_ln_count, resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
+from blockforge.train.events import Status
 
 
 CONSOLE_LEAVES_OUT = ("completed", "failed", "diverged", "Pre-LN mean ± sd (n)", "runner-up gap [95% CI]")  # summary.md has them
@@ -51,7 +51,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
-        counts = Counter(r.status for r in mine)
+        counts = Counter(str(r.status) for r in mine)
         e = evidence[cell]
         w = e.winner
         rows.append([
@@ -141,15 +141,15 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
     columns = min(3, len(cells))
     rows = -(-len(cells) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
-    style = {"completed": ("o", "tab:blue"), "pruned": ("x", "tab:gray"), "diverged": ("v", "tab:red")}
+    style = {Status.COMPLETED: ("o", "tab:blue"), Status.PRUNED: ("x", "tab:gray"), Status.DIVERGED: ("v", "tab:red")}
     for ax, cell in zip(axes.flat, cells):
         for status, (marker, color) in style.items():
             pts = [(r.alpha, r.value) for r in records if r.cell == cell and r.status == status and r.alpha is not None and r.value is not None]
             if pts:
                 ax.scatter(*zip(*pts), marker=marker, color=color, s=14, alpha=0.6, label=f"{status} (one seed)")
-        diverged = [r.alpha for r in records if r.cell == cell and r.status == "diverged" and r.alpha is not None]
+        diverged = [r.alpha for r in records if r.cell == cell and r.status == Status.DIVERGED and r.alpha is not None]
         if diverged:  # no value to place them at: mark them along the top edge
-            ax.scatter(diverged, [ax.get_ylim()[1]] * len(diverged), marker="v", color=style["diverged"][1], label="diverged", clip_on=False)
+            ax.scatter(diverged, [ax.get_ylim()[1]] * len(diverged), marker="v", color=style[Status.DIVERGED][1], label="diverged", clip_on=False)
         confirmed = [c for c in evidence[cell].candidates if c.n > 1 and c.alpha is not None]
         if confirmed:
             ax.errorbar([c.alpha for c in confirmed], [c.mean for c in confirmed], yerr=[c.sd for c in confirmed], fmt="s",
@@ -214,7 +214,7 @@ def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder
     for cell, e in evidence.items():
         if e.winner is None:
             continue
-        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.replace(",", "__"))
+        slug = cell_slug(cell)
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), e.winner.overrides))
         save_spec(resolve(recipe.model), folder / f"{slug}.yaml")
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))

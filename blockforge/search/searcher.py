@@ -18,10 +18,10 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialSch
 from ray.tune.search import Searcher
 
 from blockforge.errors import SpecError
-from blockforge.search.config import SearchPlan, trial_identity
+from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.train.events import Status
 
-OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
 # Duplicates and invalid combinations cost nothing and do not use a cell's trial budget; a cell whose
 # sampler keeps proposing only those has exhausted its space and closes after this many in a row.
 FREE_ASKS_IN_A_ROW = 10
@@ -113,23 +113,23 @@ class CellSearcher(Searcher):
             return
         result = result or {}
         if error:
-            status, value = "failed", None
+            status, value = Status.FAILED, None
         elif result.get("diverged"):
-            status, value = "diverged", self.plan.penalty
+            status, value = Status.DIVERGED, self.plan.penalty
         elif result.get("step", 0) < self.plan.steps:
-            status, value = "pruned", None
+            status, value = Status.PRUNED, None
         else:
-            status, value = "completed", result.get(OBJECTIVE)
+            status, value = Status.COMPLETED, result.get(OBJECTIVE)
         if info["stage"] == "explore":
             self._tell(info["cell"], info["optuna_id"], status, value)
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
-        record = self._record(info, status, value=result.get(self.plan.metric) if status != "diverged" else None,
+        record = self._record(info, status, value=result.get(self.plan.metric) if status != Status.DIVERGED else None,
                               steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
-                              note="" if status != "failed" else "the trial raised; see its error file under tune/")
+                              note="" if status != Status.FAILED else "the trial raised; see its error file under tune/")
         self.ledger.append(record)
         outcome = {"status": status, "value": value, "number": info["number"], "record": record, "info": info}
         key = (info["cell"], info["identity"])
-        if key not in self.done or status in ("completed", "diverged"):  # a pruned run finished later counts in full
+        if key not in self.done or status in (Status.COMPLETED, Status.DIVERGED):  # a pruned run finished later counts in full
             self.done[key] = outcome
         for twin in self.waiting.pop(key, []):
             self._settle_duplicate(twin, outcome)
@@ -176,13 +176,13 @@ class CellSearcher(Searcher):
         optuna_id = f"{trial_id}-{self._serial}"
         params = self.cells[name].suggest(optuna_id) or {}
         searched = self.plan.searched_values(name, params)
-        info = self._new_info(name, searched, self.plan.base_seed, "explore")
+        info = self._new_info(name, searched, self.plan.base_seeds[name], "explore")
         info["optuna_id"] = optuna_id
         try:
             self._identify(info)
         except SpecError as err:
-            self._tell(name, optuna_id, "failed", None)
-            self.ledger.append(self._record(info, "failed", note=f"invalid: {err}"))
+            self._tell(name, optuna_id, Status.FAILED, None)
+            self.ledger.append(self._record(info, Status.FAILED, note=f"invalid: {err}"))
             return None
         key = (name, info["identity"])
         if key in self.done:
@@ -210,7 +210,7 @@ class CellSearcher(Searcher):
 
     def _launch(self, info: dict, trial_id: str) -> dict:
         self.live[trial_id] = info
-        self.ledger.append(self._record(info, "running"))
+        self.ledger.append(self._record(info, Status.RUNNING))
         return {"cell": info["cell"], "number": info["number"], "identity": info["identity"], "stage": info["stage"],
                 "overrides": [list(o) for o in info["overrides"]]}
 
@@ -225,12 +225,12 @@ class CellSearcher(Searcher):
         self.stage[name] = "confirm"
         sign = 1.0 if self.plan.mode == "min" else -1.0
         explored = [o for (cell, _), o in self.done.items() if cell == name and o["info"]["stage"] == "explore"]
-        ranked = sorted((o for o in explored if o["status"] == "completed" and o["value"] is not None), key=lambda o: sign * o["value"])
-        ranked += sorted((o for o in explored if o["status"] == "pruned"), key=lambda o: (-o["record"].steps, sign * (o["record"].value or 0.0)))
+        ranked = sorted((o for o in explored if o["status"] == Status.COMPLETED and o["value"] is not None), key=lambda o: sign * o["value"])
+        ranked += sorted((o for o in explored if o["status"] == Status.PRUNED), key=lambda o: (-o["record"].steps, sign * (o["record"].value or 0.0)))
         finalists = [o["info"] for o in ranked[: confirm.top]]
         for baseline in self.plan.baselines:
             searched = self.plan.searched_values(name, self.plan.sampler_params(name, baseline))
-            info = self._new_info(name, searched, self.plan.base_seed, "confirm")
+            info = self._new_info(name, searched, self.plan.base_seeds[name], "confirm")
             try:
                 self._identify(info)
             except SpecError:
@@ -242,7 +242,7 @@ class CellSearcher(Searcher):
         for f in finalists:
             unique.setdefault(f["model"], {"searched": f["searched"], "model": f["model"], "uniform_pre": f["uniform_pre"]})
         self.finalists[name] = list(unique.values())
-        seeds = [self.plan.base_seed + i for i in range(confirm.seeds + 1)]
+        seeds = [self.plan.base_seeds[name] + i for i in range(confirm.seeds + 1)]
         self.extra_seeds[name] = confirm.seeds
         for finalist in self.finalists[name]:
             for seed in seeds:
@@ -253,7 +253,7 @@ class CellSearcher(Searcher):
         info = self._new_info(name, searched, seed, "confirm")
         self._identify(info)
         key = (name, info["identity"])
-        if key in self.done and self.done[key]["status"] in ("completed", "diverged", "failed"):
+        if key in self.done and self.done[key]["status"] in (Status.COMPLETED, Status.DIVERGED, Status.FAILED):
             self.asked[name] -= 1  # nothing to run: give the number back
             return
         taken = [i["identity"] for i in self.live.values() if i["cell"] == name] + [i["identity"] for i in self.queue[name]]
@@ -273,7 +273,7 @@ class CellSearcher(Searcher):
         if evidence.runner_up is None or evidence.vs_runner_up is None or evidence.vs_runner_up.excludes_zero():
             return False
         self.extra_seeds[name] += 1
-        seed = self.plan.base_seed + self.extra_seeds[name]
+        seed = self.plan.base_seeds[name] + self.extra_seeds[name]
         racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None}
         for candidate in racing.values():
             self._enqueue(name, candidate.overrides, seed)
@@ -285,20 +285,18 @@ class CellSearcher(Searcher):
         self._tell(info["cell"], info["optuna_id"], outcome["status"], outcome["value"])
         original = outcome["record"]
         self.ledger.append(self._record(
-            info, "duplicate", value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome["number"],
+            info, Status.DUPLICATE, value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome["number"],
             note=f"same model and settings as trial {outcome['number']} ({outcome['status']})",
         ))
 
     def _tell(self, name: str, optuna_id: str, status: str, value: float | None) -> None:
         search = self.cells[name]
-        if status in ("completed", "diverged"):
+        if status in (Status.COMPLETED, Status.DIVERGED):
             search.on_trial_complete(optuna_id, result={OBJECTIVE: value})
         else:  # pruned: Optuna must not take a partial value as a finished one; failed: FAIL
-            search.on_trial_complete(optuna_id, result=None, error=status == "failed")
+            search.on_trial_complete(optuna_id, result=None, error=status == Status.FAILED)
 
     def _record(self, info: dict, status: str, **fields) -> TrialRecord:
-        from blockforge.search.trials import trial_dir
-
         identity = info.get("identity", "")
         return TrialRecord(
             cell=info["cell"], trial=info["number"], status=status, stage=info["stage"], seed=info["seed"],

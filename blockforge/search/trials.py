@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -23,13 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.search.config import SearchPlan
+from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir
 from blockforge.spec.strict import to_plain
-
-
-def trial_dir(search_dir: str | Path, cell: str, identity: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.replace(",", "__"))
-    return Path(search_dir) / "trials" / slug / identity
 
 
 def _free_port() -> int:
@@ -83,8 +77,8 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     import torch
     from ray import tune
 
-    from blockforge.search.searcher import OBJECTIVE
     from blockforge.train.checkpoint import latest_checkpoint
+    from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
     workers = plan.resources.data_parallel
@@ -94,7 +88,7 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     finished = run_dir / "result.json"
     if finished.exists():  # finished before the driver was restarted: report, do not retrain
         result = json.loads(finished.read_text())
-        diverged = result["status"] == "diverged"
+        diverged = result["status"] == Status.DIVERGED
         metrics = result.get("metrics") or {}
         value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
         tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics})
@@ -106,6 +100,6 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
             f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
                                 "workers": workers, "start_step": trainer.state["step"]}) + "\n")
         for event in trainer.iterate():
-            metrics = {k: v for k, v in (event["metrics"] or {}).items() if isinstance(v, (int, float))}
-            value = plan.penalty if event["diverged"] else metrics[plan.metric]
-            tune.report({OBJECTIVE: value, "step": event["step"], "diverged": event["diverged"], **metrics})
+            metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
+            value = plan.penalty if event.diverged else metrics[plan.metric]
+            tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics})

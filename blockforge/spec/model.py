@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass, field
 
 from blockforge.errors import SpecError, unknown_choice_message
-from blockforge.nn.placements import PLACEMENTS
+from blockforge.spec.family import get_family
+from blockforge.spec.placements import PLACEMENTS
 from blockforge.spec.strict import choice, to_plain
 
 SPEC_FORMAT = 1
-FAMILIES = ("llama", "vit")
 MAX_DEPTH = 4096  # a guard against typos that would resolve billions of layers
 
 
@@ -89,7 +89,7 @@ class LayerRules:
 
 @dataclass(kw_only=True)
 class ModelSpec:
-    family: str = choice(*FAMILIES)
+    family: str = field(metadata={"help": "the model family, e.g. llama or vit"})
     width: int = field(metadata={"help": "the model dimension"})
     depth: int = field(metadata={"help": "the number of blocks"})
     heads: int | None = None
@@ -97,7 +97,7 @@ class ModelSpec:
     ffn: int | None = None
     ffn_mult: float | None = None
     ffn_multiple_of: int = 1
-    norm: str | None = choice("rmsnorm", "layernorm", default=None)  # None: the family's norm
+    norm: str | None = choice("rmsnorm", "layernorm", default=None)  # None: the family's default norm
     norm_eps: float = 1e-6
     final_norm: bool = True
     tie_embeddings: bool = False
@@ -133,18 +133,15 @@ class ModelSpec:
             raise SpecError("give ffn or ffn_mult, not both", path=at("ffn_mult"))
         if self.ffn is None and self.ffn_mult is None:
             raise SpecError("is required: give ffn (hidden width) or ffn_mult (times width)", path=at("ffn"))
-        needed = {"llama": ("vocab", "context"), "vit": ("image_size", "patch_size", "classes")}[self.family]
-        for key in needed:
+        family = get_family(self.family, at("family"))
+        for key in family.required:
             if getattr(self, key) is None:
                 raise SpecError(f"is required for family {self.family}", path=at(key))
-        unused = {"llama": ("image_size", "patch_size", "classes"), "vit": ("vocab", "context")}[self.family]
-        for key in unused:
+        for key in family.unused:
             if getattr(self, key) is not None:
                 raise SpecError(f"does not apply to family {self.family}; remove it", path=at(key))
-        if self.family == "vit" and self.image_size % self.patch_size:
-            raise SpecError(f"patch_size {self.patch_size} does not divide image_size {self.image_size}", path=at("patch_size"))
-        if self.family == "vit" and self.tie_embeddings:
-            raise SpecError("does not apply to family vit (its head is a classifier)", path=at("tie_embeddings"))
+        if family.check is not None:
+            family.check(self, path)
 
     def default_ffn(self) -> int:
         if self.ffn is not None:

@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import json
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import yaml
 
-from blockforge.data.config import DataConfig
 from blockforge.errors import SpecError, unknown_key_message
-from blockforge.spec.model import ModelSpec
+from blockforge.spec.data import SOURCES, DataConfig
+from blockforge.spec.family import get_family
+from blockforge.spec.model import ModelSpec, ResolvedSpec
 from blockforge.spec.resolve import resolve
 from blockforge.spec.strict import parse
-from blockforge.train.config import TrainConfig
+from blockforge.spec.train import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -37,12 +40,17 @@ class Recipe:
             from blockforge.spec.resolve import select_layers
 
             select_layers(chosen, self.model.depth, "train.activation_checkpointing")
-        if self.data.is_text != (self.model.family == "llama"):
-            kind = "text" if self.model.family == "llama" else "image"
+        kind = get_family(self.model.family).data_kind
+        if self.data.kind != kind:
             raise SpecError(
-                f"source '{self.data.source}' does not fit model family {self.model.family}; use a {kind} source",
+                f"'{self.data.source}' does not fit model.family {self.model.family}; choose one of: {', '.join(SOURCES[kind])}",
                 path="data.source",
             )
+
+    @functools.cached_property
+    def spec(self) -> ResolvedSpec:
+        """The resolved model, computed once (a recipe is not changed after loading)."""
+        return resolve(self.model)
 
 
 def read_yaml(path: str | os.PathLike) -> Any:
@@ -105,8 +113,18 @@ def read_composed(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dic
 # ---- dotted overrides -------------------------------------------------------------------------
 
 
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """'model.layers.mix_ln.alpha=0.125' -> ('model.layers.mix_ln.alpha', 0.125); values read as YAML."""
+class Assignment(NamedTuple):
+    """One dotted override: `--set KEY=VALUE` on the command line, a fixed or searched key in a search."""
+
+    key: str
+    value: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={json.dumps(self.value)}"
+
+
+def parse_assignment(text: str) -> Assignment:
+    """'model.layers.mix_ln.alpha=0.125' -> Assignment('model.layers.mix_ln.alpha', 0.125); values read as YAML."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -115,7 +133,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
-    return key, parsed
+    return Assignment(key, parsed)
 
 
 def _field_type(cls: type, key: str) -> Any:
@@ -182,12 +200,11 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
             node = node[part]
 
 
-def apply_overrides(data: dict, overrides: Iterable[str | tuple[str, Any]], root: type = None) -> dict:
-    """A copy of `data` with each override applied in order ('k=v' text or (key, value) pairs)."""
+def apply_overrides(data: dict, overrides: Iterable[Assignment], root: type = None) -> dict:
+    """A copy of `data` with each (key, value) override applied in order."""
     root = root or Recipe
     data = copy.deepcopy(data)
-    for item in overrides:
-        key, value = parse_assignment(item) if isinstance(item, str) else item
+    for key, value in overrides:
         check_dotted_key(root, key)
         set_dotted(data, key, value)
     return data
@@ -197,13 +214,13 @@ def recipe_from_data(data: dict, *, file: str | None = None) -> Recipe:
     """Validate plain recipe data, including that its model resolves (so no compute is spent on a bad spec)."""
     try:
         recipe = parse(Recipe, data)
-        resolve(recipe.model)
+        recipe.spec  # resolved once, here, so a bad spec fails before any compute
     except SpecError as err:
         raise err.located(file) from None
     return recipe
 
 
-def load_recipe(path: str | os.PathLike, overrides: Iterable[str | tuple[str, Any]] = ()) -> Recipe:
+def load_recipe(path: str | os.PathLike, overrides: Iterable[Assignment] = ()) -> Recipe:
     """Read, compose, override and validate a recipe; any problem is one SpecError sentence."""
     data = read_composed(path)
     data = apply_overrides(data, overrides)

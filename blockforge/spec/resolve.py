@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
 from blockforge.errors import SpecError
+from blockforge.spec.family import get_family
 from blockforge.spec.model import LayerSpec, ModelSpec, ResolvedSpec
 
 _SLICE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$")
@@ -71,16 +71,17 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         for i in select_layers(override.at, depth, f"{where}.at"):
             assign(i, override.assigned(), where)
 
+    family = get_family(spec.family)
     for layer, where in zip(layers, origin):
         if spec.width % layer["heads"]:
             raise SpecError(f"{layer['heads']} heads do not divide width {spec.width}; choose a divisor of {spec.width}", path=where)
-        if spec.family == "llama" and (spec.width // layer["heads"]) % 2:
-            raise SpecError(f"{layer['heads']} heads give an odd head dimension {spec.width // layer['heads']}, which rotary embeddings cannot use", path=where)
+        if family.check_layer is not None:
+            family.check_layer(spec, layer, where)
 
     return ResolvedSpec(
         family=spec.family,
         width=spec.width,
-        norm=spec.norm or {"llama": "rmsnorm", "vit": "layernorm"}[spec.family],
+        norm=spec.norm or family.default_norm,
         norm_eps=spec.norm_eps,
         final_norm=spec.final_norm,
         tie_embeddings=spec.tie_embeddings,
@@ -92,12 +93,7 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         context=spec.context,
         image_size=spec.image_size,
         patch_size=spec.patch_size,
-        channels=spec.channels if spec.family == "vit" else None,
+        channels=spec.channels if "channels" in family.required else None,
         classes=spec.classes,
         layers=tuple(LayerSpec(**layer) for layer in layers),
     )
-
-
-def uniform(spec: ResolvedSpec, **changes) -> ResolvedSpec:
-    """A copy of `spec` with the same change applied to every layer (e.g. placement='pre')."""
-    return dataclasses.replace(spec, layers=tuple(dataclasses.replace(layer, **changes) for layer in spec.layers))

@@ -4,22 +4,21 @@ Weights, gradients and Adam's two moments are float32 (bf16 autocast computes in
 float32 weights). Activations are measured, not estimated: one micro-batch runs forward on meta
 tensors and every tensor autograd saves for the backward pass is counted (weights excluded).
 Attention is counted as the fused GPU kernels keep it (queries, keys, values, output and the
-log-sum-exp; no T x T matrix), since on meta tensors SDPA falls back to its unfused math.
+log-sum-exp; no T x T matrix: the `footprint` attention backend), since on meta tensors SDPA falls
+back to its unfused math.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-import contextlib
-
-from blockforge.nn import attention
 from blockforge.nn.build import build_model, parameter_count
+from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe
-from blockforge.spec.resolve import resolve
-from blockforge.train.loop import image_loss, lm_loss
+from blockforge.train.runtime import compute_dtype
 
 GiB = 2**30
 
@@ -62,33 +61,7 @@ class MemoryPlan:
         ]
 
 
-class _FusedAttentionFootprint(torch.autograd.Function):
-    """Shapes as flash/efficient attention: the output, with q, k, v, output and log-sum-exp saved."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, _, _ = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-@contextlib.contextmanager
-def _fused_attention_footprint(backend: str):
-    original = attention.ATTENTION_BACKENDS[backend]
-    attention.ATTENTION_BACKENDS[backend] = lambda q, k, v, causal: _FusedAttentionFootprint.apply(q, k, v)
-    try:
-        yield
-    finally:
-        attention.ATTENTION_BACKENDS[backend] = original
-
-
-def saved_activation_bytes(model: torch.nn.Module, batch, kind: str) -> int:
+def saved_activation_bytes(model: torch.nn.Module, batch) -> int:
     """Bytes autograd keeps for the backward pass of one forward (weights and their views excluded)."""
     weights = {id(p) for p in model.parameters()}
     total = 0
@@ -101,31 +74,22 @@ def saved_activation_bytes(model: torch.nn.Module, batch, kind: str) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        if kind == "text":
-            lm_loss(model, batch, None)
-        else:
-            image_loss(model, batch)
+        get_family(model.spec.family).loss(model, batch, None)
     return total
 
 
 def memory_plan(recipe: Recipe, *, gpus: int = 1, sharded: bool = False) -> MemoryPlan:
-    spec = resolve(recipe.model)
-    bf16 = recipe.train.precision in ("auto", "bf16")  # auto means bf16 on the GPUs a plan is for
-    dtype = torch.bfloat16 if bf16 else torch.float32
+    dtype = compute_dtype(recipe.train.precision, "cuda")  # a plan is for the GPUs it names
+    # Attention counted as the fused kernels keep it (the `footprint` backend: shapes only).
+    spec = dataclasses.replace(recipe.spec, attention="footprint")
     model = build_model(spec, device="meta").to(dtype)
     micro = recipe.train.micro_batch
-    if spec.family == "llama":
-        batch = torch.zeros(micro, spec.context + 1, dtype=torch.long, device="meta")
-        kind = "text"
-    else:
-        images = torch.zeros(micro, spec.channels, spec.image_size, spec.image_size, dtype=dtype, device="meta")
-        batch, kind = (images, torch.zeros(micro, dtype=torch.long, device="meta")), "image"
+    batch = get_family(spec.family).example_batch(spec, micro, "meta", dtype)
     count = parameter_count(model)
-    with _fused_attention_footprint(spec.attention):
-        activations = saved_activation_bytes(model, batch, kind)
+    activations = saved_activation_bytes(model, batch)
     largest = max(sum(p.numel() for p in block.parameters()) for block in model.layers) * dtype.itemsize
     return MemoryPlan(
         parameters=count, weights_bytes=4 * count, gradients_bytes=4 * count, optimizer_bytes=8 * count,
         activations_bytes=activations, largest_block_bytes=largest, micro_batch=micro,
-        dtype="bf16" if bf16 else "fp32", gpus=gpus, sharded=sharded,
+        dtype="bf16" if dtype == torch.bfloat16 else "fp32", gpus=gpus, sharded=sharded,
     )

@@ -7,16 +7,18 @@ import math
 import torch
 from torch import nn
 
+from blockforge.spec.family import get_family
 from blockforge.spec.model import ResolvedSpec
-from blockforge.train.config import TrainConfig
+from blockforge.spec.train import TrainConfig
 
 
 def parameter_groups(model: nn.Module, spec: ResolvedSpec, weight_decay: float) -> list[dict]:
     """One group per distinct lr_mult, found by walking model.layers[i] beside spec.layers[i].
 
     Parameters outside the blocks (embeddings, final norm, head) keep lr_mult 1. Weight decay applies
-    to matrices only (not norms, biases, positions or class tokens).
+    to matrices only, and not to the family's `no_decay` parameters (e.g. vit's positions and class token).
     """
+    no_decay = get_family(spec.family).no_decay
     multiplier: dict[int, float] = {}
     for block, layer in zip(model.layers, spec.layers, strict=True):
         for p in block.parameters():
@@ -27,7 +29,7 @@ def parameter_groups(model: nn.Module, spec: ResolvedSpec, weight_decay: float) 
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
-        decay = weight_decay if p.ndim >= 2 and "pos_embed" not in name and "cls_token" not in name else 0.0
+        decay = weight_decay if p.ndim >= 2 and name.rsplit(".", 1)[-1] not in no_decay else 0.0
         groups.setdefault((multiplier.get(id(p), 1.0), decay), []).append(p)
     return [{"params": params, "lr_mult": mult, "weight_decay": decay} for (mult, decay), params in sorted(groups.items())]
 

@@ -1,13 +1,9 @@
-"""Speed and memory knobs applied to a built model from outside its modules: per-block torch.compile
-and per-layer activation checkpointing. Neither changes state-dict keys."""
+"""Per-block torch.compile: blocks with one structure share compiled code (state-dict keys do not change)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
 def block_signature(block: nn.Module) -> tuple:
@@ -31,17 +27,3 @@ def compile_blocks(model: nn.Module) -> int:
     for block in model.layers:
         block.compile()
     return len(signatures)
-
-
-def _checkpointed_forward(block: nn.Module, forward, *args, **kwargs):
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
-def checkpoint_activations(model: nn.Module, layers: list[int]) -> None:
-    """Recompute the chosen blocks' activations in the backward pass instead of keeping them."""
-    for index in layers:
-        block = model.layers[index]
-        block.forward = functools.partial(_checkpointed_forward, block, block.forward)
-

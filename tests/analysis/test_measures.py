@@ -11,7 +11,7 @@ from blockforge.analysis import (
     AngularDistance, angular_distance, grad_norms, layer_drop, layer_skipped, logged_grad_norms, plot, replot,
 )
 from blockforge.errors import BlockforgeError
-from blockforge.train.loop import image_loss, lm_loss
+from blockforge.nn.losses import image_loss, lm_loss
 
 from tiny_setup import image_batches, tiny_llama, tiny_vit, token_batches
 

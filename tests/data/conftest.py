@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from blockforge.data import DataConfig, TokenizerConfig, build_dataset
+from blockforge.data import DataConfig, TokenizerConfig
 
 WORDS = (
     "the a module function class returns value list string object file path error number name key "
@@ -85,10 +85,9 @@ def build_text(cache_dir: Path):
     default_cache_dir = cache_dir
 
     def build(cfg: DataConfig, *, seq_len=16, vocab=512, seed=0, run_dir=None, cache_dir=default_cache_dir):
-        return build_dataset(
-            cfg, family="llama", seq_len=seq_len, vocab=vocab, image_size=None, channels=None, classes=None,
-            seed=seed, cache_dir=cache_dir, run_dir=run_dir,
-        )
+        from blockforge.data.text import build_text_dataset
+
+        return build_text_dataset(cfg, seq_len=seq_len, vocab=vocab, seed=seed, cache_dir=cache_dir, run_dir=run_dir)
 
     return build
 
@@ -96,10 +95,9 @@ def build_text(cache_dir: Path):
 @pytest.fixture
 def build_images(cache_dir: Path):
     def build(cfg: DataConfig, *, image_size: int, channels: int, classes: int, seed: int = 0):
-        return build_dataset(
-            cfg, family="vit", seq_len=None, vocab=None, image_size=image_size, channels=channels, classes=classes,
-            seed=seed, cache_dir=cache_dir,
-        )
+        from blockforge.data.images import build_image_dataset
+
+        return build_image_dataset(cfg, image_size=image_size, channels=channels, classes=classes, seed=seed)
 
     return build
 

@@ -59,8 +59,12 @@ def test_digits_must_fit_the_model(build_images, sizes, message):
 
 
 def test_image_family_rejects_text_sources_and_lists_of_folders(build_images):
-    with pytest.raises(DataError, match="data.source: 'builtin' does not fit model.family vit; choose one of: digits"):
-        build_images(DataConfig(source="builtin"), image_size=8, channels=1, classes=10)
+    from blockforge.errors import SpecError
+    from blockforge.spec import recipe_from_data
+
+    model = {"family": "vit", "width": 16, "depth": 1, "heads": 2, "ffn": 32, "image_size": 8, "patch_size": 4, "channels": 1, "classes": 10}
+    with pytest.raises(SpecError, match="data.source: 'builtin' does not fit model.family vit; choose one of: digits"):
+        recipe_from_data({"model": model, "data": {"source": "builtin"}})
     with pytest.raises(DataError, match="data.path: fashion-mnist reads one folder"):
         build_images(DataConfig(source="fashion-mnist", path=["a", "b"]), image_size=28, channels=1, classes=10)
 

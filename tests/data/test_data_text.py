@@ -116,9 +116,13 @@ def test_builtin_dataset_end_to_end(builtin, build_text, same_batches, tmp_path)
     assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
 
 
-def test_missing_context_is_named(build_text, text_config):
-    with pytest.raises(DataError, match="model.context: is needed to prepare llama data"):
-        build_text(text_config(source="builtin"), seq_len=None)
+def test_missing_context_is_named():
+    from blockforge.errors import SpecError
+    from blockforge.spec import recipe_from_data
+
+    model = {"family": "llama", "width": 16, "depth": 1, "heads": 2, "ffn": 32, "vocab": 300}
+    with pytest.raises(SpecError, match="model.context: is required for family llama"):
+        recipe_from_data({"model": model, "data": {"source": "builtin"}})
 
 
 def test_corpus_smaller_than_one_row_is_rejected(text_config, build_text, tmp_path):
@@ -128,9 +132,13 @@ def test_corpus_smaller_than_one_row_is_rejected(text_config, build_text, tmp_pa
         build_text(text_config(source="text", path=str(small)), seq_len=256)
 
 
-def test_wrong_family_source_is_rejected(build_text, text_config):
-    with pytest.raises(DataError, match="data.source: 'digits' does not fit model.family llama; choose one of: builtin, text"):
-        build_text(text_config(source="digits"))
+def test_wrong_family_source_is_rejected():
+    from blockforge.errors import SpecError
+    from blockforge.spec import recipe_from_data
+
+    model = {"family": "llama", "width": 16, "depth": 1, "heads": 2, "ffn": 32, "vocab": 300, "context": 8}
+    with pytest.raises(SpecError, match="data.source: 'digits' does not fit model.family llama; choose one of: builtin, text"):
+        recipe_from_data({"model": model, "data": {"source": "digits"}})
 
 
 # --- HF tokenizers: only ids that occur must fit the model ----------------------------------------

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from blockforge.convert import from_hf_llama, from_timm_vit, to_hf_llama
+from blockforge import from_hf_llama, from_timm_vit, to_hf_llama
 
 TOL = 1e-4
 

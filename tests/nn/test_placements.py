@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import blockforge
 from blockforge.errors import SpecError
-from blockforge.nn.placements import PLACEMENTS, get_placement
+from blockforge.spec.placements import PLACEMENTS, get_placement
 from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerRules, LayerSettings
 

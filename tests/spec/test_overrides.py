@@ -21,7 +21,7 @@ def test_parse_assignment(text, expected):
 
 
 def test_set_changes_the_resolved_model():
-    recipe = load_recipe(f"{RECIPES}/llama-tiny-mix.yaml", ["model.layers.mix_ln.alpha=0.5", "train.lr=1e-3", "model.depth=6"])
+    recipe = load_recipe(f"{RECIPES}/llama-tiny-mix.yaml", map(parse_assignment, ["model.layers.mix_ln.alpha=0.5", "train.lr=1e-3", "model.depth=6"]))
     assert recipe.train.lr == 1e-3 and isinstance(recipe.train.lr, float)
     assert [layer.placement for layer in resolve(recipe.model).layers] == ["post"] * 3 + ["pre"] * 3
 
@@ -36,9 +36,9 @@ def test_pairs_and_list_items():
 
 def test_unknown_key_is_refused_before_anything_runs():
     with pytest.raises(SpecError, match="did you mean 'alpha'"):
-        apply_overrides({}, ["model.layers.mix_ln.alpah=0.3"])
+        apply_overrides({}, [parse_assignment("model.layers.mix_ln.alpah=0.3")])
 
 
 def test_wrong_type_names_the_key():
     with pytest.raises(SpecError, match="model.depth: must be an integer"):
-        load_recipe(f"{RECIPES}/llama-tiny-mix.yaml", ["model.depth=1.5"])
+        load_recipe(f"{RECIPES}/llama-tiny-mix.yaml", [parse_assignment("model.depth=1.5")])

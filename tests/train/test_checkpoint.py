@@ -7,7 +7,7 @@ import blockforge
 from blockforge.errors import BlockforgeError
 from blockforge.spec import ModelSpec, resolve
 from blockforge.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
-from blockforge.train.config import TrainConfig
+from blockforge.spec.train import TrainConfig
 from blockforge.train.optim import make_optimizer
 
 

@@ -6,7 +6,7 @@ import torch
 import blockforge
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerOverride, LayerRules
-from blockforge.train.config import TrainConfig
+from blockforge.spec.train import TrainConfig
 from blockforge.train.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
 
 

@@ -6,9 +6,9 @@ import torch
 import blockforge
 from blockforge.cli import main
 from blockforge.spec import load_recipe, resolve
-from blockforge.train.loop import lm_loss
+from blockforge.nn.losses import lm_loss
 from blockforge.train.memory import memory_plan, saved_activation_bytes
-from blockforge.train.speed import block_signature, checkpoint_activations, compile_blocks
+from blockforge.train.speed import block_signature, compile_blocks
 
 
 def test_7b_memory_plan_allocates_nothing(capsys):
@@ -27,7 +27,7 @@ def test_activations_scale_with_micro_batch_and_match_a_real_forward():
     plan4 = memory_plan(load_recipe("recipes/llama-tiny-mix.yaml", [("train.precision", "fp32"), ("train.micro_batch_size", 4)]))
     assert plan4.activations_bytes == pytest.approx(2 * plan2.activations_bytes, rel=0.05)
     model = blockforge.build_model(resolve(recipe.model))
-    real = saved_activation_bytes(model, torch.randint(0, 4096, (2, 129)), "text")  # SDPA's fused CPU kernel
+    real = saved_activation_bytes(model, torch.randint(0, 4096, (2, 129)))  # SDPA's fused CPU kernel
     assert real == plan2.activations_bytes
 
 
@@ -38,7 +38,7 @@ def test_activation_checkpointing_keeps_gradients():
     plain = blockforge.build_model(spec)
     torch.manual_seed(0)
     checked = blockforge.build_model(spec)
-    checkpoint_activations(checked, [0, 2])
+    checked.set_grad_checkpointing([0, 2])
     tokens = torch.randint(0, 4096, (2, 17))
     for model in (plain, checked):
         lm_loss(model, tokens, None)[0].backward()

@@ -9,6 +9,7 @@ from blockforge.spec.strict import choice
 
 TEXT_SOURCES = ("builtin", "text", "hf")
 IMAGE_SOURCES = ("digits", "fashion-mnist", "image-folder")
+SOURCES = {"text": TEXT_SOURCES, "image": IMAGE_SOURCES}  # by a family's data_kind
 
 
 @dataclass(kw_only=True)
@@ -50,5 +51,6 @@ class DataConfig:
             raise SpecError(f"must lie in (0, 1), not {self.val_fraction}", path=f"{path}.val_fraction")
 
     @property
-    def is_text(self) -> bool:
-        return self.source in TEXT_SOURCES
+    def kind(self) -> str:
+        """'text' or 'image': the data_kind of the families this source fits."""
+        return next(kind for kind, sources in SOURCES.items() if self.source in sources)

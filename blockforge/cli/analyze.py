@@ -1,7 +1,6 @@
-"""The `blockforge analyze` subcommand: per-layer gradient norms, angular distance and layer-drop.
+"""`blockforge analyze`: per-layer gradient norms, angular distance and layer-drop, as figures + JSON.
 
-`add_analyze_parser(subparsers)` adds it to the `blockforge` command; the work is done by
-blockforge.analysis.report.analyze, which the Python API and the benchmarks call too.
+The work is done by blockforge.analysis.report.analyze, which the Python API and the benchmarks call too.
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `analyze` to the subparsers of the `blockforge` command."""
-    from blockforge.cli import _add_set
+    from blockforge.cli import add_set
 
     p = subparsers.add_parser("analyze", help="per-layer gradient norms, angular distance and layer-drop, as figures + JSON",
                               description=DESCRIPTION)
@@ -44,7 +43,7 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="all three analyses")
     p.add_argument("--at-init", action="store_true", help="analyse trained targets as freshly initialized models")
     p.add_argument("--out", required=True, help="the folder for the figures and their JSON")
-    _add_set(p)
+    add_set(p)
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"LM tokens for angular distance and layer-drop (default {DEFAULT_TOKENS})")
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES, help=f"vit images (all their tokens) for the same (default {DEFAULT_IMAGES})")
     p.add_argument("--seeds", type=_seeds, default=list(DEFAULT_SEEDS), help="init seeds for gradient norms at init (default 0,1,2)")
@@ -52,7 +51,7 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--grad-batches", type=int, default=4, help="batches per model for gradient norms (default 4)")
     p.add_argument("--drop-metric", default="val_loss", choices=["val_loss", "val_ppl", "val_acc"], help="layer-drop metric (default val_loss)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.set_defaults(func=cmd_analyze)
+    p.set_defaults(func=run)
     return p
 
 
@@ -78,7 +77,7 @@ def _tables(records: dict) -> list[tuple[str, list[str], list[list]]]:
     return tables
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from blockforge.analysis.report import analyze

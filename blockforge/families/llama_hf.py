@@ -1,7 +1,5 @@
-"""Weight conversion to and from the reference implementations.
+"""Weights to and from Hugging Face's `transformers.LlamaForCausalLM` (a uniform Pre-LN llama).
 
-`from_hf_llama` / `to_hf_llama` map a uniform Pre-LN llama to and from `transformers.LlamaForCausalLM`;
-`from_timm_vit` maps a timm `VisionTransformer` (class token, no register tokens, no layer scale).
 Features blockforge does not model (grouped-query attention, biases, rope scaling) are refused with
 a sentence, never silently dropped.
 """
@@ -12,14 +10,9 @@ import torch
 from torch import nn
 
 from blockforge.errors import BlockforgeError
-from blockforge.nn.build import build_model
+from blockforge.nn.build import build_model, copy_weight
 from blockforge.spec.model import LayerRules, LayerSettings, ModelSpec, ResolvedSpec
 from blockforge.spec.resolve import resolve
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    with torch.no_grad():
-        dst.copy_(src.detach().to(dst.dtype))
 
 
 def _half_split_to_interleaved(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -67,20 +60,20 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     )
     model = build_model(spec)
     src = hf_model.model
-    _copy(model.embed.weight, src.embed_tokens.weight)
+    copy_weight(model.embed.weight, src.embed_tokens.weight)
     for block, layer in zip(model.layers, src.layers, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
-        _copy(block.attn.in_norm.weight, layer.input_layernorm.weight)
+        copy_weight(block.attn.in_norm.weight, layer.input_layernorm.weight)
         q = _half_split_to_interleaved(attn.q_proj.weight, heads)
         k = _half_split_to_interleaved(attn.k_proj.weight, heads)
-        _copy(block.attn.branch.qkv.weight, torch.cat([q, k, attn.v_proj.weight]))
-        _copy(block.attn.branch.proj.weight, attn.o_proj.weight)
-        _copy(block.mlp.in_norm.weight, layer.post_attention_layernorm.weight)
-        _copy(block.mlp.branch.gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        _copy(block.mlp.branch.down.weight, mlp.down_proj.weight)
-    _copy(model.final_norm.weight, src.norm.weight)
+        copy_weight(block.attn.branch.qkv.weight, torch.cat([q, k, attn.v_proj.weight]))
+        copy_weight(block.attn.branch.proj.weight, attn.o_proj.weight)
+        copy_weight(block.mlp.in_norm.weight, layer.post_attention_layernorm.weight)
+        copy_weight(block.mlp.branch.gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        copy_weight(block.mlp.branch.down.weight, mlp.down_proj.weight)
+    copy_weight(model.final_norm.weight, src.norm.weight)
     if not spec.tie_embeddings:
-        _copy(model.head.weight, hf_model.lm_head.weight)
+        copy_weight(model.head.weight, hf_model.lm_head.weight)
     return model
 
 
@@ -124,80 +117,20 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
     hf_model = LlamaForCausalLM(config)
     dst = hf_model.model
     width, ffn = spec.width, layer0.ffn
-    _copy(dst.embed_tokens.weight, model.embed.weight)
+    copy_weight(dst.embed_tokens.weight, model.embed.weight)
     for block, layer in zip(model.layers, dst.layers, strict=True):
         q, k, v = block.attn.branch.qkv.weight.split(width)
         gate, up = block.mlp.branch.gate_up.weight.split(ffn)
-        _copy(layer.input_layernorm.weight, block.attn.in_norm.weight)
-        _copy(layer.self_attn.q_proj.weight, _interleaved_to_half_split(q, layer0.heads))
-        _copy(layer.self_attn.k_proj.weight, _interleaved_to_half_split(k, layer0.heads))
-        _copy(layer.self_attn.v_proj.weight, v)
-        _copy(layer.self_attn.o_proj.weight, block.attn.branch.proj.weight)
-        _copy(layer.post_attention_layernorm.weight, block.mlp.in_norm.weight)
-        _copy(layer.mlp.gate_proj.weight, gate)
-        _copy(layer.mlp.up_proj.weight, up)
-        _copy(layer.mlp.down_proj.weight, block.mlp.branch.down.weight)
-    _copy(dst.norm.weight, model.final_norm.weight)
+        copy_weight(layer.input_layernorm.weight, block.attn.in_norm.weight)
+        copy_weight(layer.self_attn.q_proj.weight, _interleaved_to_half_split(q, layer0.heads))
+        copy_weight(layer.self_attn.k_proj.weight, _interleaved_to_half_split(k, layer0.heads))
+        copy_weight(layer.self_attn.v_proj.weight, v)
+        copy_weight(layer.self_attn.o_proj.weight, block.attn.branch.proj.weight)
+        copy_weight(layer.post_attention_layernorm.weight, block.mlp.in_norm.weight)
+        copy_weight(layer.mlp.gate_proj.weight, gate)
+        copy_weight(layer.mlp.up_proj.weight, up)
+        copy_weight(layer.mlp.down_proj.weight, block.mlp.branch.down.weight)
+    copy_weight(dst.norm.weight, model.final_norm.weight)
     if not spec.tie_embeddings:
-        _copy(hf_model.lm_head.weight, model.head.weight)
+        copy_weight(hf_model.lm_head.weight, model.head.weight)
     return hf_model.eval()
-
-
-def from_timm_vit(timm_model: nn.Module) -> nn.Module:
-    """A blockforge vit with the weights of a timm `VisionTransformer` (every layer Pre-LN)."""
-    blocks = list(timm_model.blocks)
-    first = blocks[0]
-    embed = timm_model.patch_embed
-    refusals = {
-        "no class token": not getattr(timm_model, "has_class_token", True),
-        "register tokens": getattr(timm_model, "num_reg_tokens", 0) > 0,
-        f"global_pool '{timm_model.global_pool}' (only 'token' is modelled)": timm_model.global_pool != "token",
-        "layer scale": not isinstance(first.ls1, nn.Identity),
-        "q/k norm": not isinstance(first.attn.q_norm, nn.Identity),
-        "a norm before the blocks": not isinstance(timm_model.norm_pre, nn.Identity),
-        "a norm after pooling": not isinstance(timm_model.fc_norm, nn.Identity),
-        "non-square patches or images": embed.patch_size[0] != embed.patch_size[1] or embed.img_size[0] != embed.img_size[1],
-        "qkv without bias": first.attn.qkv.bias is None,
-        "position embeddings that skip the class token": getattr(timm_model, "no_embed_class", False),
-    }
-    for feature, present in refusals.items():
-        if present:
-            raise BlockforgeError(f"this timm VisionTransformer has {feature}, which blockforge's vit does not model")
-    width = timm_model.embed_dim
-    spec = resolve(
-        ModelSpec(
-            family="vit",
-            width=width,
-            depth=len(blocks),
-            heads=first.attn.num_heads,
-            ffn=first.mlp.fc1.out_features,
-            image_size=embed.img_size[0],
-            patch_size=embed.patch_size[0],
-            channels=embed.proj.in_channels,
-            classes=timm_model.num_classes,
-            norm="layernorm",
-            norm_eps=first.norm1.eps,
-            final_norm=not isinstance(timm_model.norm, nn.Identity),
-            layers=LayerRules(default=LayerSettings(placement="pre")),
-        )
-    )
-    model = build_model(spec)
-    _copy(model.patch_embed.weight, embed.proj.weight)
-    _copy(model.patch_embed.bias, embed.proj.bias)
-    _copy(model.cls_token, timm_model.cls_token)
-    _copy(model.pos_embed, timm_model.pos_embed)
-    pairs = [
-        ("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
-        ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2"),
-    ]
-    for block, source in zip(model.layers, blocks, strict=True):
-        for ours, theirs in pairs:
-            dst, src = block.get_submodule(ours), source.get_submodule(theirs)
-            _copy(dst.weight, src.weight)
-            _copy(dst.bias, src.bias)
-    if spec.final_norm:
-        _copy(model.final_norm.weight, timm_model.norm.weight)
-        _copy(model.final_norm.bias, timm_model.norm.bias)
-    _copy(model.head.weight, timm_model.head.weight)
-    _copy(model.head.bias, timm_model.head.bias)
-    return model

@@ -1,0 +1,69 @@
+"""The `blockforge` command: inspect, train, eval, analyze, search, export.
+
+Every subcommand goes through the same load -> resolve -> build path as the Python API; a problem
+with a file, a flag or a path is printed as one sentence and exits with status 2. Each subcommand's
+flags and its work live in a module of this package; `--set KEY=VALUE` is parsed here, once, into
+`Assignment`s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from blockforge.errors import BlockforgeError, SpecError
+from blockforge.spec.recipe import Assignment, parse_assignment
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+def _assignment(text: str) -> Assignment:
+    try:
+        return parse_assignment(text)
+    except SpecError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
+
+
+def add_set(parser: argparse.ArgumentParser) -> None:
+    """The repeatable `--set KEY=VALUE` flag, parsed into `args.overrides` (a list of Assignment)."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_assignment,
+        help="override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from blockforge import __version__
+    from blockforge.cli import analyze, evaluate, export, inspect, search, train
+
+    parser = _Parser(prog="blockforge", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"blockforge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    for command in (inspect, train, evaluate, analyze, search, export):
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a bad flag (already printed as one line), --help or --version
+        return stop.code if isinstance(stop.code, int) else 0
+    try:
+        return args.func(args)
+    except BlockforgeError as err:
+        print(f"blockforge: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("blockforge: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`blockforge inspect ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0

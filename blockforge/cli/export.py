@@ -1,0 +1,34 @@
+"""`blockforge export`: a run, or the confirmed winner of a search cell, as a model folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="export a run, or the best trial of a search cell, as a model (safetensors + spec + card)")
+    p.add_argument("source", help="a run folder or a search folder")
+    p.add_argument("--out", required=True, help="the export folder")
+    p.add_argument("--cell", help="search folders: the cell, e.g. depth=12,width=256 (needed when there are several)")
+    p.add_argument("--retrain", action="store_true", help="search folders: train the best spec to the full budget first")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockforge.export import export_run
+
+    source = Path(args.source)
+    if (source / "search.json").exists():
+        from blockforge.search.best import export_best
+
+        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress)
+    else:
+        if args.cell or args.retrain:
+            from blockforge.errors import BlockforgeError
+
+            raise BlockforgeError(f"{source}: --cell and --retrain apply to a search folder, and this is not one (no search.json)")
+        out = export_run(source, args.out)
+    print(f"exported to {out}")
+    return 0

@@ -1,0 +1,57 @@
+"""`blockforge inspect`: the resolved per-layer table of a recipe, parameter counts and the memory plan."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from blockforge.tables import text_table
+
+
+def add_parser(sub) -> None:
+    from blockforge.cli import add_set
+
+    p = sub.add_parser("inspect", help="print the resolved per-layer table of a recipe")
+    p.add_argument("recipe", help="a recipe YAML file")
+    add_set(p)
+    p.add_argument("--memory", action="store_true", help="also print the training memory plan (computed on the meta device)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the plan spreads over (with --fsdp)")
+    p.add_argument("--fsdp", action="store_true", help="plan for weights, gradients and optimizer state sharded over --gpus")
+    p.set_defaults(func=run)
+
+
+def human_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
+    from blockforge.spec import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    spec = recipe.spec
+    model = build_model(spec, device="meta")  # counts only: nothing is allocated
+    per_layer = layer_parameter_counts(model)
+    rows = [
+        [layer.index, layer.placement, layer.heads, spec.width // layer.heads, layer.ffn, layer.init_scale, layer.lr_mult, f"{n:,}"]
+        for layer, n in zip(spec.layers, per_layer)
+    ]
+    print(text_table(["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"], rows, "rlrrrrrr"))
+    total = parameter_count(model)
+    blocks = sum(per_layer)
+    counts = Counter(layer.placement for layer in spec.layers)
+    print()
+    print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
+    print("placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
+    print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
+    print(f"arch hash    {spec.arch_hash()}")
+    if args.memory:
+        from blockforge.train.memory import memory_plan
+
+        plan = memory_plan(recipe, gpus=args.gpus, sharded=args.fsdp)
+        print()
+        print(text_table(["memory plan (meta device, nothing allocated)", "size", ""], plan.rows(), "lrl"))
+    return 0

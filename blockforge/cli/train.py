@@ -1,0 +1,47 @@
+"""`blockforge train`: a recipe into a run folder (also a rank of a torchrun data-parallel run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    from blockforge.cli import add_set
+
+    p = sub.add_parser("train", help="train a recipe into a run folder")
+    p.add_argument("recipe", help="a recipe YAML file")
+    add_set(p)
+    p.add_argument("--out", help="the run folder (default: runs/<recipe name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def format_metrics(metrics: dict | None) -> str:
+    if not metrics:
+        return "no metrics"
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockforge.spec import load_recipe
+    from blockforge.train.events import Status
+    from blockforge.train.loop import EXIT_DIVERGED, Trainer
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.recipe).stem
+    trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
+    result = trainer.run()
+    if not trainer.world.is_main:
+        return 0
+    if result.status == Status.DIVERGED:
+        print(f"blockforge: {result.message} (run folder {out})", file=sys.stderr)
+        return EXIT_DIVERGED
+    print(f"{result.status} at step {result.step}: {format_metrics(result.metrics)}")
+    unigram = trainer.data_info.get("unigram_val_ppl")
+    if unigram is not None and "val_ppl" in result.metrics:
+        print(f"baseline: a unigram model of the same tokens has val_ppl {unigram:.2f}")
+    print(f"run folder: {out}")
+    return 0

@@ -1,0 +1,40 @@
+"""The llama family: a causal language model on text (token embedding, RoPE, SwiGLU, RMSNorm, LM head)."""
+
+from __future__ import annotations
+
+import torch
+
+from blockforge.families.llama_hf import from_hf_llama, to_hf_llama
+from blockforge.data.text import build_text_dataset
+from blockforge.errors import SpecError
+from blockforge.nn.llama import Llama
+from blockforge.nn.losses import lm_loss
+from blockforge.spec.family import Family, register_family
+
+
+def check_layer(spec, layer: dict, path: str) -> None:
+    if (spec.width // layer["heads"]) % 2:
+        raise SpecError(f"{layer['heads']} heads give an odd head dimension {spec.width // layer['heads']}, which rotary embeddings cannot use", path=path)
+
+
+def dataset(cfg, spec, seed, cache_dir, run_dir):
+    return build_text_dataset(cfg, seq_len=spec.context, vocab=spec.vocab, seed=seed, cache_dir=cache_dir, run_dir=run_dir)
+
+
+def example_batch(spec, batch_size: int, device, dtype=None) -> torch.Tensor:
+    """Token rows of context + 1 ids (inputs and next-token targets)."""
+    return torch.zeros(batch_size, spec.context + 1, dtype=torch.long, device=device)
+
+
+def model_inputs(batch: torch.Tensor, pad_id: int | None):
+    """The inputs lm_loss feeds the model (every row but its last id), and which of them are not padding."""
+    inputs = batch[:, :-1]
+    return inputs, ((inputs != pad_id).flatten() if pad_id is not None else None)
+
+
+LLAMA = register_family(Family(
+    name="llama", default_norm="rmsnorm", data_kind="text", required=("vocab", "context"),
+    unused=("image_size", "patch_size", "classes"), metrics=("val_loss", "val_ppl"), sample_unit="tok",
+    check_layer=check_layer, build=Llama, loss=lm_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
+    converters={"from_hf": from_hf_llama, "to_hf": to_hf_llama},
+))

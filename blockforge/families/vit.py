@@ -1,0 +1,45 @@
+"""The vit family: an image classifier (patch embedding, class token, learned positions, GELU MLP, LayerNorm)."""
+
+from __future__ import annotations
+
+import torch
+
+from blockforge.families.vit_timm import from_timm_vit
+from blockforge.data.images import build_image_dataset
+from blockforge.errors import SpecError
+from blockforge.nn.losses import image_loss
+from blockforge.nn.vit import ViT
+from blockforge.spec.family import Family, register_family
+
+
+def check(spec, path: str) -> None:
+    def at(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    if spec.image_size % spec.patch_size:
+        raise SpecError(f"patch_size {spec.patch_size} does not divide image_size {spec.image_size}", path=at("patch_size"))
+    if spec.tie_embeddings:
+        raise SpecError("does not apply to family vit (its head is a classifier)", path=at("tie_embeddings"))
+
+
+def dataset(cfg, spec, seed, cache_dir, run_dir):
+    return build_image_dataset(cfg, image_size=spec.image_size, channels=spec.channels, classes=spec.classes, seed=seed)
+
+
+def example_batch(spec, batch_size: int, device, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels)."""
+    images = torch.zeros(batch_size, spec.channels, spec.image_size, spec.image_size, dtype=dtype or torch.float32, device=device)
+    return images, torch.zeros(batch_size, dtype=torch.long, device=device)
+
+
+def model_inputs(batch, pad_id=None):
+    """The images of (images, labels); every token counts."""
+    return batch[0], None
+
+
+VIT = register_family(Family(
+    name="vit", default_norm="layernorm", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
+    unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", no_decay=("pos_embed", "cls_token"),
+    check=check, build=ViT, loss=image_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
+    converters={"from_timm": from_timm_vit},
+))

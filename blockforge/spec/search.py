@@ -1,0 +1,125 @@
+"""Search files: the settings a search YAML holds (what `blockforge.search.config.load_search` validates)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from blockforge.errors import SpecError
+from blockforge.spec.strict import choice
+
+METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
+
+
+@dataclass(kw_only=True)
+class Objective:
+    metric: str = choice(*METRICS, default="val_loss")
+    mode: str | None = choice("min", "max", default=None)  # default: the metric's natural direction
+
+    def check(self, path: str) -> None:
+        if self.mode is None:
+            self.mode = METRICS[self.metric]
+
+
+@dataclass(kw_only=True)
+class Asha:
+    grace_steps: int = 50
+    reduction_factor: float = 3.0
+
+    def check(self, path: str) -> None:
+        if self.grace_steps < 1:
+            raise SpecError(f"must be at least 1, not {self.grace_steps}", path=f"{path}.grace_steps")
+        if self.reduction_factor <= 1:
+            raise SpecError(f"must be greater than 1, not {self.reduction_factor}", path=f"{path}.reduction_factor")
+
+
+@dataclass(kw_only=True)
+class Scheduler:
+    asha: Asha | None = None
+
+
+@dataclass(kw_only=True)
+class SeededSampler:
+    seed: int = 0
+    startup_trials: int = 3  # tpe only: random trials (baselines included) before the model takes over
+
+
+@dataclass(kw_only=True)
+class Sampler:
+    tpe: SeededSampler | None = None
+    random: SeededSampler | None = None
+    grid: dict[str, Any] | None = None
+
+    def check(self, path: str) -> None:
+        chosen = [name for name in ("tpe", "random", "grid") if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise SpecError("give exactly one of tpe, random, grid (e.g. sampler: {tpe: {seed: 0}})", path=path)
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("tpe", "random", "grid") if getattr(self, name) is not None)
+
+
+@dataclass(kw_only=True)
+class Divergence:
+    max_loss: float | None = None  # the training loss ceiling after warmup (train.divergence.max_loss)
+    penalty: float | None = None  # the objective recorded for a diverged trial (default: a value worse than any)
+
+
+@dataclass(kw_only=True)
+class Resources:
+    cpu: float = 1.0
+    gpu: float = 0.0
+    workers: int | None = None  # data-parallel processes per trial (default: one per GPU, at least one)
+
+    def check(self, path: str) -> None:
+        if self.cpu <= 0:
+            raise SpecError(f"must be greater than zero, not {self.cpu}", path=f"{path}.cpu")
+        if self.gpu < 0:
+            raise SpecError(f"must be zero or more, not {self.gpu}", path=f"{path}.gpu")
+        if self.workers is not None and self.workers < 1:
+            raise SpecError(f"must be at least 1, not {self.workers}", path=f"{path}.workers")
+        if self.gpu > 1 and self.workers is not None and self.workers != int(self.gpu):
+            raise SpecError(f"with {self.gpu:g} GPUs a trial runs one worker per GPU; drop workers or set it to {int(self.gpu)}", path=f"{path}.workers")
+
+    @property
+    def data_parallel(self) -> int:
+        return self.workers or max(1, int(self.gpu))
+
+
+@dataclass(kw_only=True)
+class Confirm:
+    """After a cell's exploration: its `top` best distinct models and its baselines, each trained to the full
+    budget with `seeds` further training seeds; racing adds seeds to the two leaders (and the Pre-LN
+    reference) until their interval excludes zero or `max_seeds` further seeds are spent."""
+
+    top: int = 2
+    seeds: int = 2
+    max_seeds: int | None = None
+
+    def check(self, path: str) -> None:
+        if self.top < 1:
+            raise SpecError(f"must be at least 1, not {self.top}", path=f"{path}.top")
+        if self.seeds < 1:
+            raise SpecError(f"must be at least 1 (one more seed gives two replicates), not {self.seeds}", path=f"{path}.seeds")
+        if self.max_seeds is not None and self.max_seeds < self.seeds:
+            raise SpecError(f"must be at least seeds ({self.seeds}), not {self.max_seeds}", path=f"{path}.max_seeds")
+
+
+@dataclass(kw_only=True)
+class SearchFile:
+    base: str = field(metadata={"help": "the base recipe, relative to the search file"})
+    name: str | None = None
+    steps: int | None = None  # the step budget of a full trial (sets train.steps)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    cells: dict[str, list[Any]] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+    trials_per_cell: int | None = None  # trials trained per cell (duplicates are free); default 8, or the grid size
+    objective: Objective = field(default_factory=Objective)
+    scheduler: Scheduler | None = None
+    sampler: Sampler = field(default_factory=lambda: Sampler(tpe=SeededSampler()))
+    divergence: Divergence = field(default_factory=Divergence)
+    resources: Resources = field(default_factory=Resources)
+    max_concurrent: int | None = None
+    confirm: Confirm | None = None
