@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,12 +25,12 @@ import numpy as np
 import torch
 
 from blockforge.analysis import grad_norms, plot
-from blockforge.data import build_dataset
+from blockforge.data import dataset_for
 from blockforge.io import atomic_write_json
 from blockforge.nn.build import build_model
-from blockforge.spec import load_recipe, resolve
-from blockforge.train.loop import cache_dir, layer_grad_norms, lm_loss
-from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
+from blockforge.spec import load_recipe
+from blockforge.train.events import Step
+from blockforge.train.loop import Trainer
 
 VARIANTS = ("pre", "post", "mix")
 # The paper's data (C4, t5-base) cannot load offline: real text from the builtin corpus instead.
@@ -50,36 +51,27 @@ def measure_variant(size: str, variant: str, args, steps: list[int]) -> dict:
     """Norms at init (per seed) and after each of `steps` Adam steps (seed 0), on fixed validation batches."""
     recipe = load_recipe(f"recipes/llama-{size}-{variant}.yaml", DATA + [
         ("train.steps", max(steps)), ("train.warmup", args.warmup / max(steps)), ("train.schedule", "constant"),
-        ("train.lr", args.lr), ("train.seed", args.seeds[0]),
+        ("train.lr", args.lr), ("train.seed", args.seeds[0]), ("train.batch_size", args.batch_size),
+        ("train.micro_batch_size", args.batch_size), ("train.device", "cpu"), ("train.grad_norm_every", 1),
+        ("train.eval_every", 0), ("train.eval_batches", 1), ("train.checkpoint_every", 0),
     ])
-    spec = resolve(recipe.model)
-    data = build_dataset(recipe.data, family="llama", seq_len=spec.context, vocab=spec.vocab, image_size=None, channels=None,
-                         classes=None, seed=recipe.train.seed, cache_dir=cache_dir())
+    spec = recipe.spec
+    data = dataset_for(recipe)
     probe = data.val_batches(args.grad_batch_size, args.grad_batches)  # the same batches at every checkpoint
-    device = torch.device("cpu")
     started = time.perf_counter()
 
-    at_init = []
-    for seed in args.seeds:
-        torch.manual_seed(seed)
-        at_init.append(grad_norms(build_model(spec), probe, pad_id=data.pad_id))
-    rows = {0: np.concatenate(at_init)}
-
-    torch.manual_seed(args.seeds[0])  # training continues from the seed-0 model measured above
-    model = build_model(spec)
-    optimizer = make_optimizer(model, spec, recipe.train, device)
+    # Training seed s starts from the model built with seed s, so the seed-0 model measured here is the one trained below.
+    rows = {0: np.concatenate([grad_norms(build_model(spec, seed=seed), probe, pad_id=data.pad_id) for seed in args.seeds])}
     trace, losses = [], []
-    stream = data.train_batches(args.batch_size)
-    for step, batch in zip(range(max(steps)), stream):
-        set_learning_rate(optimizer, learning_rate(step, recipe.train))
-        loss, _ = lm_loss(model, batch, data.pad_id)
-        loss.backward()
-        trace.append(layer_grad_norms(model))  # this step's own training-batch gradient, for reference
-        losses.append(float(loss.detach()))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step + 1 in steps:
-            rows[step + 1] = grad_norms(model, probe, pad_id=data.pad_id)
+
+    def measure(trainer: Trainer, step: Step) -> None:
+        trace.append(step.layer_grad_norms)  # this step's own training-batch gradient, for reference
+        losses.append(step.loss)
+        if step.step in steps:
+            rows[step.step] = grad_norms(trainer.model, probe, pad_id=data.pad_id)
+
+    with tempfile.TemporaryDirectory() as folder:
+        Trainer(recipe, Path(folder) / "run", progress=False, callbacks=[measure]).run()
     seconds = time.perf_counter() - started
     print(f"  {size} {variant}: loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10), {seconds:.0f}s", flush=True)
     return {"spec": spec, "rows": rows, "trace": trace, "losses": losses, "seconds": seconds, "data": data.describe()}

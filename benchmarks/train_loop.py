@@ -20,8 +20,9 @@ import torch
 
 from blockforge.spec import load_recipe
 from blockforge.train.checkpoint import save_checkpoint
-from blockforge.train.loop import Trainer, evaluate, lm_loss
+from blockforge.train.loop import Trainer
 from blockforge.train.optim import make_optimizer
+from blockforge.train.task import evaluate
 
 
 def full_loop(recipe, steps: int) -> float:
@@ -32,7 +33,7 @@ def full_loop(recipe, steps: int) -> float:
         trainer.run()
         total = time.perf_counter() - start
         start = time.perf_counter()  # what the last step added on top of training
-        evaluate(trainer.model, trainer.val_batches, trainer.data.kind, trainer.device, recipe.train.precision, trainer.pad_id)
+        evaluate(trainer.model, trainer.val_batches, trainer.runtime, trainer.pad_id)
         save_checkpoint(Path(folder) / "again", trainer.model, trainer.optimizer, dict(trainer.state))
         extra = time.perf_counter() - start
     return (total - extra) / steps
@@ -48,7 +49,7 @@ def bare_loop(recipe, steps: int) -> float:
     start = time.perf_counter()
     for i in range(steps):
         for micro in batches[i * trainer.accumulation:(i + 1) * trainer.accumulation]:
-            loss, _ = lm_loss(model, micro, trainer.pad_id)
+            loss = trainer.family.loss(model, micro, trainer.pad_id)[0]
             (loss / trainer.accumulation).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

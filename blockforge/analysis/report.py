@@ -6,7 +6,6 @@ the numbers its figure is drawn from, so a figure can be redrawn (plots.replot) 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -16,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from blockforge.analysis import measures
+import blockforge.analysis.measures as measures
 from blockforge.analysis.plots import plot
 from blockforge.analysis.targets import Samples, label_targets, open_target, target_dataset, trained_model, untrained_model
 from blockforge.errors import BlockforgeError

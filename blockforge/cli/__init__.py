@@ -2,8 +2,8 @@
 
 Every subcommand goes through the same load -> resolve -> build path as the Python API; a problem
 with a file, a flag or a path is printed as one sentence and exits with status 2. Each subcommand's
-flags and its work live in a module of this package; `--set KEY=VALUE` is parsed here, once, into
-`Assignment`s.
+flags and its work live in a module of this package; `--set KEY=VALUE` is parsed once, by argparse,
+into `Assignment`s (cli.common).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import argparse
 import os
 import sys
 
-from blockforge.errors import BlockforgeError, SpecError
-from blockforge.spec.recipe import Assignment, parse_assignment
+from blockforge.errors import BlockforgeError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,21 +20,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
-
-
-def _assignment(text: str) -> Assignment:
-    try:
-        return parse_assignment(text)
-    except SpecError as err:
-        raise argparse.ArgumentTypeError(err.message) from None
-
-
-def add_set(parser: argparse.ArgumentParser) -> None:
-    """The repeatable `--set KEY=VALUE` flag, parsed into `args.overrides` (a list of Assignment)."""
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_assignment,
-        help="override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 (repeatable)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

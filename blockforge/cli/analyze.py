@@ -32,7 +32,7 @@ def _seeds(text: str) -> list[int]:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `analyze` to the subparsers of the `blockforge` command."""
-    from blockforge.cli import add_set
+    from blockforge.cli.common import add_set
 
     p = subparsers.add_parser("analyze", help="per-layer gradient norms, angular distance and layer-drop, as figures + JSON",
                               description=DESCRIPTION)

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.cli.train import format_metrics
+    from blockforge.cli.common import format_metrics
     from blockforge.data import dataset_for
     from blockforge.errors import BlockforgeError
     from blockforge.export import load

@@ -9,7 +9,7 @@ from blockforge.tables import text_table
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli import add_set
+    from blockforge.cli.common import add_set
 
     p = sub.add_parser("inspect", help="print the resolved per-layer table of a recipe")
     p.add_argument("recipe", help="a recipe YAML file")

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli import add_set
+    from blockforge.cli.common import add_set
 
     p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
     p.add_argument("file", help="a search YAML file (see searches/)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli import add_set
+    from blockforge.cli.common import add_set
 
     p = sub.add_parser("train", help="train a recipe into a run folder")
     p.add_argument("recipe", help="a recipe YAML file")
@@ -19,13 +19,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def format_metrics(metrics: dict | None) -> str:
-    if not metrics:
-        return "no metrics"
-    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-
-
 def run(args: argparse.Namespace) -> int:
+    from blockforge.cli.common import format_metrics
     from blockforge.spec import load_recipe
     from blockforge.train.events import Status
     from blockforge.train.loop import EXIT_DIVERGED, Trainer

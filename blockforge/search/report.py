@@ -47,7 +47,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
     extra = other_keys(plan)
     headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha range", "post-LN layers",
                *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", "Pre-LN mean ± sd (n)",
-               f"vs Pre-LN [95% CI]", "verdict", "runner-up gap [95% CI]"]
+               "vs Pre-LN [95% CI]", "verdict", "runner-up gap [95% CI]"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]

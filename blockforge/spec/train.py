@@ -70,9 +70,5 @@ class TrainConfig:
         return self.micro_batch_size or self.batch_size
 
     @property
-    def accumulation(self) -> int:
-        return self.batch_size // self.micro_batch
-
-    @property
     def warmup_steps(self) -> int:
         return int(self.warmup * self.steps)

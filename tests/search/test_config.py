@@ -20,8 +20,10 @@ def test_objective_left_out_is_the_metrics_natural_direction(tmp_path):
 
 
 def test_explicit_objective_mode_is_kept(tmp_path):
-    plan = load_search(write_search(tmp_path, objective={"metric": "val_acc"}))
-    assert (plan.metric, plan.mode) == ("val_acc", "max")
+    plan = load_search(write_search(tmp_path, objective={"metric": "val_loss", "mode": "max"}))
+    assert (plan.metric, plan.mode) == ("val_loss", "max")  # kept, although val_loss is naturally minimized
+    plan = load_search(write_search(tmp_path, objective={"metric": "val_ppl"}))
+    assert (plan.metric, plan.mode) == ("val_ppl", "min")
 
 
 def test_progress_view_counts_queued_apart_from_running_and_lists_cells_in_plan_order(tmp_path):

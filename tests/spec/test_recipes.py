@@ -10,7 +10,7 @@ from blockforge.spec import load_recipe, resolve
 
 RECIPES = sorted(p for p in Path("recipes").glob("*.yaml"))
 
-# Nominal size -> parameters with untied embeddings (DESIGN.md), within 1%.
+# Nominal size -> parameters with untied embeddings (docs/design.md, "Backbones"), within 1%.
 SIZES = {"71m": 70.6e6, "130m": 134e6, "250m": 247e6, "1b": 1.34e9, "7b": 6.74e9}
 
 
