@@ -28,12 +28,13 @@ def main(folder: Path) -> None:
     worker_id = worker.node_id
     path = write_search(folder, cells={"model.depth": [2]}, trials_per_cell=3, scheduler=None, baselines=[],
                         space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.5, 1.0]}}, sampler={"grid": {}},
-                        overrides={"train.steps": 300, "train.checkpoint_every": 10, "train.eval_every": 50})
+                        overrides={"train.steps": 1000, "train.checkpoint_every": 10, "train.eval_every": 100})
     out = folder / "out"
     removed = {}
 
     def remove_worker_mid_trial():
         # Wait until a trial on the worker has written a checkpoint past step 20, then take the node away.
+        # (Trials are long enough that the worker's actor, which imports torch first, gets one.)
         deadline = time.time() + 300
         while time.time() < deadline and not removed:
             for attempts in out.glob("trials/*/*/attempts.jsonl"):
