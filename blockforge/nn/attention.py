@@ -121,7 +121,8 @@ class Attention(nn.Module):
             self.qkv.weight[2 * self.width :].mul_(gain)  # value rows
         draw.linear(self.proj, std * gain)
 
-    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). With `cache`, x holds the positions after the cached ones (generation)."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.heads, self.head_dim)
         if rope is not None:  # q and k rotated together: one multiply forward and one backward
@@ -130,5 +131,31 @@ class Attention(nn.Module):
         else:
             q, k, v = qkv.unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
-        y = self.kernel(q, k, v, self.causal)  # (B, nh, T, hs)
+        if cache is None or cache.keys is None:
+            if cache is not None:
+                cache.keys, cache.values = k, v
+            y = self.kernel(q, k, v, self.causal)  # (B, nh, T, hs)
+        else:
+            past = cache.keys.shape[2]
+            k = cache.keys = torch.cat((cache.keys, k), dim=2)  # (B, nh, past + T, hs)
+            v = cache.values = torch.cat((cache.values, v), dim=2)
+            # New position i (absolute past + i) sees every key up to itself.
+            mask = torch.arange(past + T, device=x.device) <= past + torch.arange(T, device=x.device)[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if self.causal and T > 1 else None)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class LayerCache:
+    """One layer's keys and values of the positions seen so far, (B, nh, positions, hs) each."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+
+class KVCache:
+    """Every layer's keys and values during generation, and how many positions they hold."""
+
+    def __init__(self, depth: int):
+        self.layers = [LayerCache() for _ in range(depth)]
+        self.length = 0

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from blockforge.nn.attention import Attention
+from blockforge.nn.attention import Attention, KVCache, LayerCache
 from blockforge.nn.init import SeededInit
 from blockforge.nn.norms import make_norm
 from blockforge.spec.model import LayerSpec, ResolvedSpec
@@ -51,13 +51,13 @@ class Block(nn.Module):
         self.mlp = mlp
         self.checkpointed = False  # recompute activations in the backward pass (Backbone.set_grad_checkpointing)
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope=None, cache: LayerCache | None = None) -> torch.Tensor:
         if self.checkpointed and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, rope, use_reentrant=False)
-        return self._forward(x, rope)
+            return checkpoint(self._forward, x, rope, cache, use_reentrant=False)
+        return self._forward(x, rope, cache)
 
-    def _forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        x = self.attn(x, rope=rope)
+    def _forward(self, x: torch.Tensor, rope=None, cache: LayerCache | None = None) -> torch.Tensor:
+        x = self.attn(x, rope=rope, cache=cache)
         return self.mlp(x)
 
 
@@ -115,14 +115,21 @@ class Backbone(nn.Module):
             states.append(x)
         return states
 
-    def embed_inputs(self, inputs: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The first block's input and the keyword arguments every block takes (e.g. rope)."""
+    def embed_inputs(self, inputs: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
+        """The first block's input and the keyword arguments every block takes (e.g. rope); `start` is the
+        position of the first input (nonzero when a KV cache holds the earlier ones)."""
         raise NotImplementedError
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        x, kwargs = self.embed_inputs(inputs)
-        for block in self.layers:
-            x = block(x, **kwargs)
+    def forward(self, inputs: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        if cache is None:
+            x, kwargs = self.embed_inputs(inputs)
+            for block in self.layers:
+                x = block(x, **kwargs)
+            return self.head_outputs(x)
+        x, kwargs = self.embed_inputs(inputs, start=cache.length)
+        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = block(x, cache=layer_cache, **kwargs)
+        cache.length += inputs.shape[1]
         return self.head_outputs(x)
 
     def head_outputs(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,10 +25,17 @@ class Llama(Backbone):
             self.head.weight = self.embed.weight
         self._head_dims = {spec.width // layer.heads for layer in spec.layers}
 
-    def embed_inputs(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """tokens (B, T) -> the first block's input (B, T, C) and the RoPE tables every block uses."""
+    def embed_inputs(self, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
+        """tokens (B, T) at positions start.. -> the first block's input (B, T, C) and the RoPE tables every block uses."""
         x = self.embed(tokens)  # (B, T, C)
-        return x, {"rope": rope_tables(self._head_dims, tokens.shape[1], self.spec.rope_theta, x.device)}
+        tables = rope_tables(self._head_dims, start + tokens.shape[1], self.spec.rope_theta, x.device)
+        return x, {"rope": {dim: table[start:] for dim, table in tables.items()} if start else tables}
+
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        """Continue `tokens` (B, T); see blockforge.nn.generate.generate for the sampling options."""
+        from blockforge.nn.generate import generate
+
+        return generate(self, tokens, max_new_tokens, **sampling)
 
     def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> logits (B, T, vocab)."""

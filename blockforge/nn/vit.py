@@ -26,7 +26,7 @@ class ViT(Backbone):
         self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.classes)
 
-    def embed_inputs(self, images: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def embed_inputs(self, images: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
         """images (B, channels, H, W) -> the first block's input (B, N+1, C): class token, then patches."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
         return torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed, {}  # (B, N+1, C)

@@ -152,3 +152,14 @@ def test_one_seed_pairs_candidates_same_data_order_and_same_initial_weights(tmp_
     assert not torch.equal(a["embed.weight"], c["embed.weight"])
     first = lambda t: next(t.data.train_batches(4, start=0))  # noqa: E731
     assert torch.equal(first(pre), first(mix)) and not torch.equal(first(pre), first(other))
+
+
+def test_generate_command_continues_a_prompt_from_a_run(tmp_path, recipe_file, capsys):
+    path = recipe_file(steps=5, eval_every=0)
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "the model", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the model") and out.endswith("\n")
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "x", "--max-new-tokens", "500"]) == 2
+    assert "context of 32" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""`blockforge generate`: continue a prompt with a trained language model, streaming tokens as they come."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="continue a text prompt with a trained llama (a run or export folder)")
+    p.add_argument("dir", help="a run folder or an exported model folder (with its tokenizer/)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from blockforge.data import load_tokenizer
+    from blockforge.errors import BlockforgeError
+    from blockforge.export import load
+    from blockforge.train.runtime import pick_device
+
+    folder = Path(args.dir)
+    if args.max_new_tokens < 1:
+        raise BlockforgeError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
+    device = pick_device(args.device)
+    model = load(folder, device=device)
+    if not hasattr(model, "generate"):
+        raise BlockforgeError(f"{folder}: a {model.spec.family} model does not generate text; give a language model's folder")
+    tokenizer = load_tokenizer(folder / "tokenizer")
+    # Training documents start after an end-of-text id (packed rows), so a prompt starts the same way.
+    ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
+    new: list[int] = []
+    shown = ""
+
+    def stream(column: torch.Tensor) -> None:
+        nonlocal shown
+        token = int(column[0])
+        if token == tokenizer.eos_id:
+            return
+        new.append(token)
+        text = tokenizer.decode(new)
+        if not text.endswith("\ufffd"):  # a multi-byte character is complete: print what is new
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+
+    sys.stdout.write(args.prompt)
+    model.generate(torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, eos_id=tokenizer.eos_id, on_token=stream)
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,78 @@
+"""Autoregressive generation with a KV cache, for any causal backbone (every placement: norms act per position).
+
+    out = model.generate(tokens, 50, temperature=0.8, top_k=40, seed=0)     # (B, T + 50) token ids
+
+The prompt runs once through the model, filling each layer's cache; every next token then runs one
+position. With `use_cache=False` the whole sequence runs again at every step (the reference the cache
+is tested against). Greedy decoding: temperature 0.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from blockforge.errors import BlockforgeError
+from blockforge.nn.attention import KVCache
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Logits (B, vocab) with everything outside the top k, and outside the smallest set holding `top_p` of
+    the probability, set to -inf (the most likely token always stays)."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(ordered, dim=-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # the mass of the tokens before it already reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, seed: int | None = None, eos_id: int | None = None, use_cache: bool = True,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """`tokens` (B, T) followed by up to `max_new_tokens` sampled ids (B, T + n); stops early when every row
+    produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming)."""
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    context = model.spec.context
+    if tokens.shape[1] + max_new_tokens > context:
+        raise BlockforgeError(
+            f"a prompt of {tokens.shape[1]} tokens plus {max_new_tokens} new ones passes the model's context of {context}; "
+            f"ask for at most {max(0, context - tokens.shape[1])} new tokens or shorten the prompt"
+        )
+    if temperature < 0 or (top_p is not None and not 0 < top_p <= 1) or (top_k is not None and top_k < 1):
+        raise BlockforgeError("sampling needs temperature >= 0, top_k >= 1 and 0 < top_p <= 1")
+    generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
+    was_training = model.training
+    model.eval()
+    cache = KVCache(len(model.layers)) if use_cache else None
+    out, finished = tokens, torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    step_input = tokens
+    try:
+        for _ in range(max_new_tokens):
+            logits = (model(step_input, cache=cache) if use_cache else model(out))[:, -1].float()  # (B, vocab)
+            if temperature == 0:
+                chosen = logits.argmax(-1)
+            else:
+                probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+                chosen = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            if eos_id is not None:
+                chosen = torch.where(finished, torch.full_like(chosen, eos_id), chosen)
+                finished |= chosen == eos_id
+            out = torch.cat((out, chosen[:, None]), dim=1)
+            step_input = chosen[:, None]
+            if on_token is not None:
+                on_token(chosen)
+            if eos_id is not None and bool(finished.all()):
+                break
+    finally:
+        model.train(was_training)
+    return out

@@ -1,0 +1,64 @@
+"""Generation: the KV cache gives what recomputing the whole sequence gives, for every placement."""
+
+import pytest
+import torch
+
+import blockforge
+from blockforge.errors import BlockforgeError
+from blockforge.nn.attention import KVCache
+from blockforge.nn.generate import filter_logits, generate
+from blockforge.spec import ModelSpec
+from blockforge.spec.model import LayerRules, LayerSettings, MixLN
+from blockforge.spec.placements import PLACEMENTS
+
+
+def llama(placement=None, mix=None, **kw):
+    layers = LayerRules(default=LayerSettings(placement=placement or "pre"), mix_ln=MixLN(alpha=mix) if mix else None)
+    spec = ModelSpec(family="llama", width=32, depth=3, heads=4, ffn=64, vocab=50, context=40, layers=layers, **kw)
+    return blockforge.build_model(spec, seed=0).eval()
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_cached_steps_equal_full_recomputation(placement):
+    model = llama(placement).double()
+    tokens = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(len(model.layers))
+    with torch.no_grad():
+        prefill = model(tokens[:, :4], cache=cache)
+        steps = [model(tokens[:, t : t + 1], cache=cache) for t in range(4, 7)]
+        chunk = model(tokens, cache=KVCache(len(model.layers)))  # prefill of everything at once
+        full = model(tokens)
+    torch.testing.assert_close(prefill, full[:, :4], rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], rtol=0, atol=1e-10)
+    torch.testing.assert_close(chunk, full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("placement,mix", [("pre", None), ("post", None), ("pre", 0.34), ("deepnorm", None)])
+def test_generate_with_and_without_cache_agree(placement, mix):
+    model = llama(placement, mix)
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    greedy = generate(model, prompt, 12, temperature=0)
+    assert greedy.shape == (2, 17) and torch.equal(greedy[:, :5], prompt)
+    assert torch.equal(greedy, generate(model, prompt, 12, temperature=0, use_cache=False))
+    sampled = generate(model, prompt, 12, temperature=0.9, top_k=10, seed=3)
+    assert torch.equal(sampled, generate(model, prompt, 12, temperature=0.9, top_k=10, seed=3, use_cache=False))
+    assert torch.equal(sampled, model.generate(prompt, 12, temperature=0.9, top_k=10, seed=3))
+    assert torch.equal(generate(model, prompt, 12, temperature=1.0, top_k=1, seed=5), greedy)  # top-1 is greedy
+
+
+def test_filter_logits_keeps_the_top_k_and_the_top_p_mass():
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.3, 0.15]]))
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, True, False, True]]
+    # 0.5 + 0.3 = 0.8 reaches top_p 0.75: the 0.15 and 0.05 tokens go.
+    assert torch.isinf(filter_logits(logits, top_p=0.75)).tolist() == [[False, True, False, True]]
+    assert torch.isinf(filter_logits(logits, top_p=0.9)).tolist() == [[False, True, False, False]]
+    assert not torch.isinf(filter_logits(logits, top_p=0.01)[0, 0])  # the most likely token always stays
+
+
+def test_eos_stops_generation_and_the_context_is_respected():
+    model = llama()
+    prompt = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(4))
+    first = generate(model, prompt, 1, temperature=0)[0, -1].item()
+    assert generate(model, prompt, 10, temperature=0, eos_id=first).shape == (1, 6)
+    with pytest.raises(BlockforgeError, match="context of 40"):
+        generate(model, prompt, 36)
