@@ -1,70 +1,96 @@
-"""Weights from a timm `VisionTransformer` (class token, no register tokens, no layer scale)."""
+"""Weights from a timm `VisionTransformer`: class token, learned positions, GELU MLP, LayerNorm, a class head.
+
+Options blockforge's vit does not model (layer scale, q/k norm, register or distillation tokens, extra
+norms, other activations or MLPs, pooling other than the class token) are refused by name, never
+dropped: every tensor of the source is mapped or refused, and the result is checked against the
+source on random images (families/conversion.py).
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from blockforge.errors import BlockforgeError
-from blockforge.nn.build import build_model, copy_weight
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating
+from blockforge.nn.build import build_model
 from blockforge.spec.model import LayerRules, LayerSettings, ModelSpec
 from blockforge.spec.resolve import resolve
 
 
+def _structure_problems(timm_model: nn.Module) -> list[str]:
+    """What the model has that blockforge's vit does not, read from the modules themselves."""
+    blocks = list(getattr(timm_model, "blocks", []))
+    embed = getattr(timm_model, "patch_embed", None)
+    problems = {
+        "no transformer blocks": not blocks,
+        "no class token": getattr(timm_model, "cls_token", None) is None,
+        "no position embeddings": getattr(timm_model, "pos_embed", None) is None,
+        "register tokens": getattr(timm_model, "num_reg_tokens", 0) > 0,
+        "a distillation token": getattr(timm_model, "dist_token", None) is not None,
+        "position embeddings that skip the class token": getattr(timm_model, "no_embed_class", False),
+        f"global_pool '{getattr(timm_model, 'global_pool', None)}' (only 'token' is modelled)": getattr(timm_model, "global_pool", "token") != "token",
+        "no classification head (num_classes=0)": getattr(timm_model, "num_classes", 0) == 0,
+        "a norm before the blocks": not isinstance(getattr(timm_model, "norm_pre", nn.Identity()), nn.Identity),
+        "a norm after pooling": not isinstance(getattr(timm_model, "fc_norm", nn.Identity()), nn.Identity),
+        "no patch embedding of fixed size": embed is None or getattr(embed, "img_size", None) is None,
+    }
+    if embed is not None and getattr(embed, "img_size", None) is not None:
+        problems["non-square patches or images"] = embed.patch_size[0] != embed.patch_size[1] or embed.img_size[0] != embed.img_size[1]
+    for i, block in enumerate(blocks):
+        act = getattr(getattr(block, "mlp", None), "act", None)
+        if not (type(act) is nn.GELU and act.approximate == "none"):
+            problems[f"activation {type(act).__name__} in block {i} (only exact GELU is modelled)"] = True
+        for name in ("ls1", "ls2"):
+            if not isinstance(getattr(block, name, nn.Identity()), nn.Identity):
+                problems["layer scale"] = True
+    return [problem for problem, present in problems.items() if present]
+
+
 def from_timm_vit(timm_model: nn.Module) -> nn.Module:
     """A blockforge vit with the weights of a timm `VisionTransformer` (every layer Pre-LN)."""
+    what = f"this timm {type(timm_model).__name__}"
+    problems = _structure_problems(timm_model)
+    if problems:
+        raise ConversionError(f"{what} has {'; '.join(problems)}, which blockforge's vit does not model")
+    source = TensorSource(timm_model, what)
     blocks = list(timm_model.blocks)
-    first = blocks[0]
     embed = timm_model.patch_embed
-    refusals = {
-        "no class token": not getattr(timm_model, "has_class_token", True),
-        "register tokens": getattr(timm_model, "num_reg_tokens", 0) > 0,
-        f"global_pool '{timm_model.global_pool}' (only 'token' is modelled)": timm_model.global_pool != "token",
-        "layer scale": not isinstance(first.ls1, nn.Identity),
-        "q/k norm": not isinstance(first.attn.q_norm, nn.Identity),
-        "a norm before the blocks": not isinstance(timm_model.norm_pre, nn.Identity),
-        "a norm after pooling": not isinstance(timm_model.fc_norm, nn.Identity),
-        "non-square patches or images": embed.patch_size[0] != embed.patch_size[1] or embed.img_size[0] != embed.img_size[1],
-        "qkv without bias": first.attn.qkv.bias is None,
-        "position embeddings that skip the class token": getattr(timm_model, "no_embed_class", False),
-    }
-    for feature, present in refusals.items():
-        if present:
-            raise BlockforgeError(f"this timm VisionTransformer has {feature}, which blockforge's vit does not model")
-    width = timm_model.embed_dim
+    fc1 = source.tensors.get("blocks.0.mlp.fc1.weight")
+    if fc1 is None or not hasattr(blocks[0].attn, "num_heads") or not hasattr(blocks[0], "norm1"):
+        raise ConversionError(f"{what} has blocks built differently from timm's standard Block (attention, norm1, mlp.fc1)")
     spec = resolve(
         ModelSpec(
             family="vit",
-            width=width,
+            width=timm_model.embed_dim,
             depth=len(blocks),
-            heads=first.attn.num_heads,
-            ffn=first.mlp.fc1.out_features,
+            heads=blocks[0].attn.num_heads,
+            ffn=fc1.shape[0],
             image_size=embed.img_size[0],
             patch_size=embed.patch_size[0],
             channels=embed.proj.in_channels,
             classes=timm_model.num_classes,
             norm="layernorm",
-            norm_eps=first.norm1.eps,
-            final_norm=not isinstance(timm_model.norm, nn.Identity),
+            norm_eps=blocks[0].norm1.eps,
+            final_norm="norm.weight" in source.tensors,
             layers=LayerRules(default=LayerSettings(placement="pre")),
         )
     )
     model = build_model(spec)
-    copy_weight(model.patch_embed.weight, embed.proj.weight)
-    copy_weight(model.patch_embed.bias, embed.proj.bias)
-    copy_weight(model.cls_token, timm_model.cls_token)
-    copy_weight(model.pos_embed, timm_model.pos_embed)
-    pairs = [
-        ("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
-        ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2"),
-    ]
-    for block, source in zip(model.layers, blocks, strict=True):
-        for ours, theirs in pairs:
-            dst, src = block.get_submodule(ours), source.get_submodule(theirs)
-            copy_weight(dst.weight, src.weight)
-            copy_weight(dst.bias, src.bias)
+    for ours, theirs in [("patch_embed.weight", "patch_embed.proj.weight"), ("patch_embed.bias", "patch_embed.proj.bias"),
+                         ("cls_token", "cls_token"), ("pos_embed", "pos_embed"), ("head.weight", "head.weight"), ("head.bias", "head.bias")]:
+        source.copy_into(model.get_parameter(ours), theirs)
     if spec.final_norm:
-        copy_weight(model.final_norm.weight, timm_model.norm.weight)
-        copy_weight(model.final_norm.bias, timm_model.norm.bias)
-    copy_weight(model.head.weight, timm_model.head.weight)
-    copy_weight(model.head.bias, timm_model.head.bias)
+        source.copy_into(model.final_norm.weight, "norm.weight")
+        source.copy_into(model.final_norm.bias, "norm.bias")
+    pairs = [("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
+             ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2")]
+    for i, block in enumerate(model.layers):
+        for ours, theirs in pairs:
+            for kind in ("weight", "bias"):
+                source.copy_into(block.get_parameter(f"{ours}.{kind}"), f"blocks.{i}.{theirs}.{kind}")
+    source.finish()
+    model.eval()
+    images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), evaluating(timm_model) as reference:
+        check_same_outputs(model(images), reference(images.to(next(timm_model.parameters()).device)).float().cpu(), what)
     return model

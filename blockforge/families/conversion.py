@@ -1,0 +1,87 @@
+"""What every converter shares: account for every tensor it is given, and check the result before handing it over.
+
+A converter reads the source model's parameters and buffers through a `TensorSource`: each is either
+taken (mapped into the other model) or left, and anything left at the end is refused by name — a
+converter never drops a bias, a norm or a token it does not model. Then `check_same_outputs` runs
+both models on one small random input and refuses unless their outputs agree within 1e-4.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from blockforge.errors import BlockforgeError
+
+TOLERANCE = 1e-4
+
+
+class ConversionError(BlockforgeError):
+    """A model that cannot be converted exactly; the message names what is in the way."""
+
+
+class TensorSource:
+    """The tensors (parameters and buffers, by name) of the model being converted."""
+
+    def __init__(self, model: nn.Module, what: str, *, ignore: Callable[[str], bool] = lambda name: False):
+        self.what = what
+        self.tensors = dict(model.named_parameters(remove_duplicate=False))
+        self.tensors.update(model.named_buffers(remove_duplicate=False))
+        self.left = {name for name in self.tensors if not ignore(name)}
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def take(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise ConversionError(f"{self.what} has no tensor '{name}', which blockforge's model needs; it is built differently")
+        self.left.discard(name)
+        return self.tensors[name]
+
+    def copy_into(self, target: torch.Tensor, name: str) -> None:
+        """target <- tensor `name`, which must have target's shape."""
+        tensor = self.take(name)
+        if tensor.shape != target.shape:
+            raise ConversionError(
+                f"{self.what}'s tensor '{name}' has shape {tuple(tensor.shape)} where blockforge's model has {tuple(target.shape)}; "
+                "it is built differently (extra tokens, another layout)"
+            )
+        with torch.no_grad():
+            target.copy_(tensor.detach().to(target.dtype))
+
+    def finish(self) -> None:
+        """Refuse when any tensor was not mapped."""
+        if self.left:
+            names = sorted(self.left)
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise ConversionError(
+                f"{self.what} has tensors blockforge does not model ({', '.join(names[:3])}{more}); refusing rather than dropping them"
+            )
+
+
+@torch.no_grad()
+def check_same_outputs(ours: torch.Tensor, theirs: torch.Tensor, what: str, tolerance: float = TOLERANCE) -> float:
+    """The largest |difference| between two models' outputs on the same input; refused above `tolerance`."""
+    if ours.shape != theirs.shape:
+        raise ConversionError(f"{what}: the converted model's output has shape {tuple(ours.shape)}, the original's {tuple(theirs.shape)}")
+    difference = (ours.float() - theirs.float()).abs().max().item()
+    if not difference <= tolerance:
+        raise ConversionError(
+            f"{what}: the converted model's outputs differ from the original's by {difference:.3g} (more than {tolerance:g}) on a "
+            "random input, so it uses something blockforge does not model; refused"
+        )
+    return difference
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode for the check, back in its own mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
