@@ -54,13 +54,13 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attenti
 
 
 def architecture_table(spec: ResolvedSpec, model: nn.Module) -> str:
-    rows = [[layer.index, layer.placement, layer.heads, layer.ffn, f"{layer.init_scale:g}", f"{layer.lr_mult:g}", f"{count:,}"]
-            for layer, count in zip(spec.layers, layer_parameter_counts(model))]
-    return markdown_table(["layer", "placement", "heads", "ffn", "init_scale", "lr_mult", "parameters"], rows, "rlrrrrr")
+    headers, rows = spec.layer_table()
+    rows = [row + [f"{count:,}"] for row, count in zip(rows, layer_parameter_counts(model))]
+    return markdown_table(headers + ["parameters"], rows, "rl" + "r" * (len(headers) - 1))
 
 
 def model_card(spec: ResolvedSpec, model: nn.Module, recipe: dict, result: dict, data: dict, extra: str = "") -> str:
-    placements = ", ".join(f"{name} x{n}" for name, n in Counter(layer.placement for layer in spec.layers).items())
+    placements = ", ".join(f"{name} x{n}" for name, n in Counter(layer.placement_name for layer in spec.layers).items())
     metrics = result.get("metrics") or {}
     metric_lines = "\n".join(f"- {key}: {value:.4f}" if isinstance(value, float) else f"- {key}: {value}" for key, value in sorted(metrics.items()))
     train = recipe.get("train", {})

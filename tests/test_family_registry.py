@@ -21,7 +21,7 @@ class PositionLM(Backbone):
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab, spec.width)
         self.pos = nn.Parameter(torch.zeros(spec.context, spec.width))
-        self.layers = nn.ModuleList(build_block(spec, layer, mlp=GeluMLP, bias=False, causal=True) for layer in spec.layers)
+        self.layers = nn.ModuleList(build_block(spec, layer, mlp=GeluMLP, causal=True) for layer in spec.layers)
         self.head = nn.Linear(spec.width, spec.vocab, bias=False)
 
     def embed_inputs(self, tokens):

@@ -126,7 +126,7 @@ def analyze(
         common = {
             "label": target.label, "path": str(target.path), "kind": target.kind, "family": spec.family,
             "state": "init" if untrained else "trained", "step": None if untrained else target.step(),
-            "seeds": seeds if untrained else None, "placements": [layer.placement for layer in spec.layers],
+            "seeds": seeds if untrained else None, "placements": [layer.placement_name for layer in spec.layers],
             "data": data.describe(),
         }
 

@@ -35,16 +35,18 @@ def run(args: argparse.Namespace) -> int:
     spec = recipe.spec
     model = build_model(spec, device="meta")  # counts only: nothing is allocated
     per_layer = layer_parameter_counts(model)
-    rows = [
-        [layer.index, layer.placement, layer.heads, spec.width // layer.heads, layer.ffn, layer.init_scale, layer.lr_mult, f"{n:,}"]
-        for layer, n in zip(spec.layers, per_layer)
-    ]
-    print(text_table(["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult", "params"], rows, "rlrrrrrr"))
+    headers, rows = spec.layer_table()
+    print(text_table(headers + ["params"], [row + [f"{n:,}"] for row, n in zip(rows, per_layer)], "rl" + "r" * (len(headers) - 1)))
     total = parameter_count(model)
     blocks = sum(per_layer)
-    counts = Counter(layer.placement for layer in spec.layers)
+    counts = Counter(layer.placement_name for layer in spec.layers)
     print()
     print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
+    other = [f"{key} {getattr(spec, key)}" for key in ("qkv_bias", "proj_bias", "mlp_bias") if getattr(spec, key)]
+    if spec.rope_scaling:
+        other.append(f"rope scaling {spec.rope_scaling['type']} x{spec.rope_scaling['factor']:g}")
+    if other:
+        print("model        " + ", ".join(other))
     print("placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
     print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
     print(f"arch hash    {spec.arch_hash()}")

@@ -13,8 +13,8 @@ from blockforge.spec.family import Family, register_family
 
 
 def check_layer(spec, layer: dict, path: str) -> None:
-    if (spec.width // layer["heads"]) % 2:
-        raise SpecError(f"{layer['heads']} heads give an odd head dimension {spec.width // layer['heads']}, which rotary embeddings cannot use", path=path)
+    if layer["head_dim"] % 2:
+        raise SpecError(f"the head dimension {layer['head_dim']} is odd, which rotary embeddings cannot use; choose heads or head_dim for an even one", path=path)
 
 
 def dataset(cfg, spec, seed, cache_dir, run_dir):

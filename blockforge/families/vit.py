@@ -39,7 +39,7 @@ def model_inputs(batch, pad_id=None):
 
 VIT = register_family(Family(
     name="vit", default_norm="layernorm", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
-    unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", no_decay=("pos_embed", "cls_token"),
+    unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", causal=False, default_bias=True, no_decay=("pos_embed", "cls_token"),
     check=check, build=ViT, loss=image_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
     converters={"from_timm": from_timm_vit},
 ))

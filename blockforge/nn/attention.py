@@ -1,4 +1,5 @@
-"""Multi-head self-attention with rotary embeddings and interchangeable kernels (sdpa | eager | xformers)."""
+"""Self-attention (multi-head or grouped-query) with rotary embeddings, sliding windows, per-head norms,
+a KV cache for generation and interchangeable kernels (sdpa | eager | xformers)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from blockforge.errors import BlockforgeError
 Rope = dict[int, torch.Tensor]  # head_dim -> (cos, sin) of every rotation angle, (T, head_dim / 2, 2) float32
 
 
-def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device) -> Rope:
-    """cos and sin of t w_j for positions t = 0..length-1 and frequencies w_j = theta^(-2j/dim), in float32."""
+def rope_frequencies(dim: int, theta: float, scaling: dict | None = None, device=None) -> torch.Tensor:
+    """w_j = theta^(-2j/dim), j < dim/2; with Llama-3 scaling, wavelengths longer than original_context /
+    low_freq_factor are stretched by `factor`, shorter than original_context / high_freq_factor kept, and
+    those between blended linearly in original_context / wavelength."""
+    freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).float() / dim))
+    if scaling is None:
+        return freq
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    keep = ((scaling["original_context"] * freq / (2 * math.pi) - low) / (high - low)).clamp(0.0, 1.0)  # 0: stretch, 1: keep
+    return freq / scaling["factor"] * (1.0 - keep) + freq * keep
+
+
+def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device, scaling: dict | None = None) -> Rope:
+    """cos and sin of t w_j for positions t = 0..length-1 and the frequencies w_j of rope_frequencies, in float32."""
     positions = torch.arange(length, device=device, dtype=torch.float32)
     tables = {}
     for dim in head_dims:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).float() / dim))
-        angles = torch.outer(positions, inv_freq)  # (T, dim/2)
+        angles = torch.outer(positions, rope_frequencies(dim, theta, scaling, device))  # (T, dim/2)
         tables[dim] = torch.stack((angles.cos(), angles.sin()), dim=-1)
     return tables
 
@@ -50,22 +62,40 @@ def rotate_pairs_real(pairs: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def causal_mask(queries: int, keys: int, past: int, window: int | None, device) -> torch.Tensor:
+    """(queries, keys) booleans: query i (absolute position past + i) sees key j when j <= past + i, and with a
+    sliding window only the last `window` positions (itself included)."""
+    i = torch.arange(queries, device=device)[:, None] + past
+    j = torch.arange(keys, device=device)[None, :]
+    allowed = j <= i
+    return allowed & (j > i - window) if window is not None else allowed
 
 
-def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
+    grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v not repeated for grouped-query attention
+    if not causal or (window is None and past == 0):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **grouped)
+    if window is None and q.shape[2] == 1:  # one new position sees every cached one
+        return F.scaled_dot_product_attention(q, k, v, **grouped)
+    mask = causal_mask(q.shape[2], k.shape[2], past, window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **grouped)
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, S)
     if causal:
-        length = q.shape[-2]
-        mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device), float("-inf"))
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
 
 
-def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
     if q.device.type != "cuda":
         raise BlockforgeError("attention 'xformers' runs on CUDA only; set model.attention: sdpa (the default) for CPU")
+    if window is not None or past or q.shape[1] != k.shape[1]:
+        raise BlockforgeError("attention 'xformers' here takes neither windows, grouped-query attention nor a KV cache; set model.attention: sdpa")
     try:
         import xformers.ops as xops
     except ImportError:
@@ -95,7 +125,7 @@ class _FusedFootprint(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _footprint(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def _footprint(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
     return _FusedFootprint.apply(q, k, v)
 
 
@@ -103,54 +133,82 @@ ATTENTION_BACKENDS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": _sdpa, "ea
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, *, bias: bool, causal: bool, backend: str):
+    """Multi-head (or grouped-query) self-attention: one fused q/k/v projection, RoPE, an optional sliding
+    window and per-head q/k (and v) norms.
+
+    qkv rows: heads * head_dim query rows, then kv_heads * head_dim key rows, then as many value rows.
+    """
+
+    def __init__(self, width: int, heads: int, *, bias: bool, causal: bool, backend: str, kv_heads: int | None = None,
+                 head_dim: int | None = None, proj_bias: bool | None = None, window: int | None = None,
+                 head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False):
         super().__init__()
         self.width = width
         self.heads = heads
-        self.head_dim = width // heads
+        self.kv_heads = kv_heads or heads
+        self.head_dim = head_dim or width // heads
         self.causal = causal
+        self.window = window
         self.backend = backend
         self.kernel = ATTENTION_BACKENDS[backend]  # chosen once, at build
-        self.qkv = nn.Linear(width, 3 * width, bias=bias)  # rows: q, then k, then v
-        self.proj = nn.Linear(width, width, bias=bias)
+        self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
+        self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)
+        self.q_norm = head_norm(self.head_dim) if qk_norm else None
+        self.k_norm = head_norm(self.head_dim) if qk_norm else None
+        self.v_norm = head_norm(self.head_dim) if v_norm else None
 
     def init_weights(self, draw, std: float, gain: float) -> None:
         """q, k, v and the output projection N(0, std); the value rows and the output further scaled by `gain`."""
         draw.linear(self.qkv, std)
         with torch.no_grad():
-            self.qkv.weight[2 * self.width :].mul_(gain)  # value rows
+            self.qkv.weight[(self.heads + self.kv_heads) * self.head_dim :].mul_(gain)  # value rows
         draw.linear(self.proj, std * gain)
 
     def forward(self, x: torch.Tensor, rope: Rope | None = None, cache: LayerCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). With `cache`, x holds the positions after the cached ones (generation)."""
-        B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.heads, self.head_dim)
-        if rope is not None:  # q and k rotated together: one multiply forward and one backward
-            q, k = apply_rope(qkv[:, :, :2], rope[self.head_dim]).unbind(2)  # each (B, T, nh, hs)
-            v = qkv[:, :, 2]
+        B, T, _ = x.shape
+        hd = self.head_dim
+        if self.kv_heads == self.heads and self.q_norm is None and self.v_norm is None:
+            qkv = self.qkv(x).view(B, T, 3, self.heads, hd)
+            if rope is not None:  # q and k rotated together: one multiply forward and one backward
+                q, k = apply_rope(qkv[:, :, :2], rope[hd]).unbind(2)  # each (B, T, nh, hs)
+                v = qkv[:, :, 2]
+            else:
+                q, k, v = qkv.unbind(2)
         else:
-            q, k, v = qkv.unbind(2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
-        if cache is None or cache.keys is None:
-            if cache is not None:
-                cache.keys, cache.values = k, v
-            y = self.kernel(q, k, v, self.causal)  # (B, nh, T, hs)
+            q, k, v = self.qkv(x).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)
+            q, k, v = q.view(B, T, self.heads, hd), k.view(B, T, self.kv_heads, hd), v.view(B, T, self.kv_heads, hd)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.v_norm is not None:
+                v = self.v_norm(v)
+            if rope is not None:
+                q, k = apply_rope(q, rope[hd]), apply_rope(k, rope[hd])
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
+        past = 0
+        if cache is not None:
+            past = cache.keys.shape[2] if cache.keys is not None else 0
+            k, v = cache.extend(k, v)
+        if past:
+            y = _sdpa(q, k, v, self.causal, self.window, past)  # cached steps always take SDPA
         else:
-            past = cache.keys.shape[2]
-            k = cache.keys = torch.cat((cache.keys, k), dim=2)  # (B, nh, past + T, hs)
-            v = cache.values = torch.cat((cache.values, v), dim=2)
-            # New position i (absolute past + i) sees every key up to itself.
-            mask = torch.arange(past + T, device=x.device) <= past + torch.arange(T, device=x.device)[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if self.causal and T > 1 else None)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+            y = self.kernel(q, k, v, self.causal, self.window)  # (B, heads, T, hs)
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hd))
 
 
 class LayerCache:
-    """One layer's keys and values of the positions seen so far, (B, nh, positions, hs) each."""
+    """One layer's keys and values of the positions seen so far, (B, kv_heads, positions, hs) each."""
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions; the keys and values of every position so far."""
+        if self.keys is not None:
+            keys, values = torch.cat((self.keys, keys), dim=2), torch.cat((self.values, values), dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
 
 
 class KVCache:

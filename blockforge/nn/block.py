@@ -23,7 +23,10 @@ from blockforge.spec.placements import Placement, get_placement
 
 
 class Residual(nn.Module):
-    def __init__(self, branch: nn.Module, placement: Placement, make_norm: Callable[[], nn.Module], index: int, depth: int):
+    """out_norm(a * x + g * branch_norm(F(s * in_norm(x)))), g a per-channel layer scale when `layer_scale` is set."""
+
+    def __init__(self, branch: nn.Module, placement: Placement, make_norm: Callable[[], nn.Module], index: int, depth: int,
+                 layer_scale: float | None = None, width: int | None = None):
         super().__init__()
         self.in_norm = make_norm() if placement.in_norm else nn.Identity()
         self.branch = branch
@@ -31,6 +34,7 @@ class Residual(nn.Module):
         self.out_norm = make_norm() if placement.out_norm else nn.Identity()
         self.residual_scale = placement.residual_scale(index, depth)  # a
         self.input_scale = placement.input_scale(index, depth)  # s
+        self.layer_scale = nn.Parameter(torch.full((width,), float(layer_scale))) if layer_scale is not None else None  # g
 
     def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
         h = self.in_norm(x)
@@ -38,7 +42,10 @@ class Residual(nn.Module):
             h = h * self.input_scale
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
-        return self.out_norm(x + self.branch_norm(self.branch(h, **branch_kwargs)))
+        out = self.branch_norm(self.branch(h, **branch_kwargs))
+        if self.layer_scale is not None:
+            out = out * self.layer_scale
+        return self.out_norm(x + out)
 
     def extra_repr(self) -> str:
         return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}"
@@ -61,17 +68,20 @@ class Block(nn.Module):
         return self.mlp(x)
 
 
-def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], bias: bool, causal: bool) -> Block:
-    """Block `layer.index` of `spec`: attention and `mlp` branches in the layer's placement."""
-    placement = get_placement(layer.placement)
+def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], causal: bool) -> Block:
+    """Block `layer.index` of `spec`: attention and `mlp` branches, each in its sub-layer's placement."""
+    attn_placement, mlp_placement = (get_placement(name) for name in layer.placements)
 
-    def norm() -> nn.Module:
-        return make_norm(spec.norm, spec.width, spec.norm_eps)
+    def norm(dim: int = spec.width) -> nn.Module:
+        return make_norm(layer.norm, dim, spec.norm_eps, spec.dyt_alpha)
 
-    attn = Attention(spec.width, layer.heads, bias=bias, causal=causal, backend=spec.attention)
+    attn = Attention(spec.width, layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, bias=spec.qkv_bias,
+                     proj_bias=spec.proj_bias, causal=causal, backend=spec.attention, window=layer.window, head_norm=norm,
+                     qk_norm=layer.qk_norm, v_norm=layer.v_norm)
+    scale = dict(layer_scale=layer.layer_scale, width=spec.width)
     return Block(
-        Residual(attn, placement, norm, layer.index, spec.depth),
-        Residual(mlp(spec.width, layer.ffn, bias=bias), placement, norm, layer.index, spec.depth),
+        Residual(attn, attn_placement, norm, layer.index, spec.depth, **scale),
+        Residual(mlp(spec.width, layer.ffn, bias=spec.mlp_bias), mlp_placement, norm, layer.index, spec.depth, **scale),
     )
 
 
@@ -86,9 +96,9 @@ class Backbone(nn.Module):
         draw = SeededInit(self, seed, truncated=self.truncated_init)
         for block, layer in zip(self.layers, self.spec.layers, strict=True):
             std = self.spec.init_std * layer.init_scale
-            gain = get_placement(layer.placement).branch_init_gain(layer.index, self.spec.depth)
-            block.attn.branch.init_weights(draw, std, gain)
-            block.mlp.branch.init_weights(draw, std, gain)
+            attn, mlp = (get_placement(name).branch_init_gain(layer.index, self.spec.depth) for name in layer.placements)
+            block.attn.branch.init_weights(draw, std, attn)
+            block.mlp.branch.init_weights(draw, std, mlp)
         self.init_outer_weights(draw)
 
     truncated_init = False  # draw from a truncated normal (timm's ViT) instead of a plain one

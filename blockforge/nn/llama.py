@@ -18,17 +18,17 @@ class Llama(Backbone):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab, spec.width)
-        self.layers = nn.ModuleList(build_block(spec, layer, mlp=SwiGLU, bias=False, causal=True) for layer in spec.layers)
-        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps) if spec.final_norm else nn.Identity()
+        self.layers = nn.ModuleList(build_block(spec, layer, mlp=SwiGLU, causal=True) for layer in spec.layers)
+        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps, spec.dyt_alpha) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.vocab, bias=False)
         if spec.tie_embeddings:
             self.head.weight = self.embed.weight
-        self._head_dims = {spec.width // layer.heads for layer in spec.layers}
+        self._head_dims = {layer.head_dim for layer in spec.layers}
 
     def embed_inputs(self, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
         """tokens (B, T) at positions start.. -> the first block's input (B, T, C) and the RoPE tables every block uses."""
         x = self.embed(tokens)  # (B, T, C)
-        tables = rope_tables(self._head_dims, start + tokens.shape[1], self.spec.rope_theta, x.device)
+        tables = rope_tables(self._head_dims, start + tokens.shape[1], self.spec.rope_theta, x.device, self.spec.rope_scaling)
         return x, {"rope": {dim: table[start:] for dim, table in tables.items()} if start else tables}
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:

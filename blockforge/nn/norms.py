@@ -1,4 +1,4 @@
-"""Normalization layers, looked up by the spec's `norm` string."""
+"""Normalization layers, looked up by the spec's `norm` string: RMSNorm, LayerNorm and DyT."""
 
 from __future__ import annotations
 
@@ -30,8 +30,24 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(dim, eps=eps)
 
 
-NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+class DyT(nn.Module):
+    """Dynamic Tanh ("Transformers without Normalization", 2025): weight * tanh(alpha * x) + bias, alpha a learned scalar."""
+
+    def __init__(self, dim: int, eps: float = 0.0, alpha: float = 0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha * x) * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}"
 
 
-def make_norm(name: str, dim: int, eps: float) -> nn.Module:
-    return NORMS[name](dim, eps)
+NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT}
+
+
+def make_norm(name: str, dim: int, eps: float, dyt_alpha: float = 0.5) -> nn.Module:
+    return DyT(dim, alpha=dyt_alpha) if name == "dyt" else NORMS[name](dim, eps)

@@ -206,7 +206,7 @@ class CellSearcher(Searcher):
         recipe = self.plan.recipe(info["overrides"])
         spec = resolve(recipe.model)
         info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
-                    post_ln_layers=spec.post_ln_count(), uniform_pre=all(layer.placement == "pre" for layer in spec.layers))
+                    post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre())
 
     def _launch(self, info: dict, trial_id: str) -> dict:
         self.live[trial_id] = info

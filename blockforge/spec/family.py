@@ -27,6 +27,8 @@ class Family:
     unused: tuple[str, ...] = ()  # ModelSpec fields that do not apply to it
     metrics: tuple[str, ...]  # what an evaluation reports, besides train_loss
     sample_unit: str  # throughput unit: "tok" (each sample is `context` tokens) or "img"
+    causal: bool = True  # attention sees only earlier positions (sliding windows and generation need it)
+    default_bias: bool = False  # biases on q, k, v, the attention output and the MLP unless the spec says otherwise
     no_decay: tuple[str, ...] = ()  # parameter names (besides norms and biases) that get no weight decay
     check: Callable[[Any, str], None] | None = None  # extra checks of a ModelSpec: check(spec, path)
     check_layer: Callable[[Any, dict, str], None] | None = None  # check(model spec, resolved layer fields, key path)

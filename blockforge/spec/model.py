@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
 from blockforge.spec.placements import PLACEMENTS
-from blockforge.spec.strict import choice, to_plain
+from blockforge.spec.strict import UNSET, choice, to_plain
 
-SPEC_FORMAT = 1
+SPEC_FORMAT = 2  # 2: per-layer kv_heads, head_dim, window, norm, qk/v norm, layer scale, sub-layer placements, biases
 MAX_DEPTH = 4096  # a guard against typos that would resolve billions of layers
+NORMS = ("rmsnorm", "layernorm", "dyt")
 
 
 def _check_placement(name: str | None, path: str) -> None:
@@ -27,7 +28,7 @@ def _check_placement(name: str | None, path: str) -> None:
 
 
 def _check_positive(value: float | int | None, path: str, *, allow_zero: bool = False) -> None:
-    if value is None:
+    if value is None or value is UNSET:
         return
     if value < 0 or (value == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "greater than zero"
@@ -35,24 +36,59 @@ def _check_positive(value: float | int | None, path: str, *, allow_zero: bool = 
 
 
 @dataclass(kw_only=True)
-class LayerSettings:
-    """Per-layer fields; unset fields keep what earlier rules gave the layer."""
+class SubLayerPlacements:
+    """Different placements for the two sub-layers of a block (HybridNorm: {attn: none, mlp: post})."""
 
-    placement: str | None = None
+    attn: str = field(metadata={"help": "the attention sub-layer's placement"})
+    mlp: str = field(metadata={"help": "the MLP sub-layer's placement"})
+
+    def check(self, path: str) -> None:
+        _check_placement(self.attn, f"{path}.attn")
+        _check_placement(self.mlp, f"{path}.mlp")
+
+
+@dataclass(kw_only=True)
+class LayerSettings:
+    """Per-layer fields; unset fields keep what earlier rules gave the layer.
+
+    `window` and `layer_scale` are null when off, so for them "not given" is a separate state (UNSET).
+    """
+
+    placement: str | SubLayerPlacements | None = None
     heads: int | None = None
+    kv_heads: int | None = None  # key/value heads (grouped-query attention); must divide heads
+    head_dim: int | None = None  # per-head width (default width / heads)
     ffn: int | None = None
+    window: int | None = UNSET  # a causal sliding window of this many positions (itself included); null: global
+    norm: str | None = choice(*NORMS, default=None)  # this layer's norms (default: the model's)
+    qk_norm: bool | None = None  # normalize queries and keys per head, before RoPE
+    v_norm: bool | None = None  # normalize values per head (HybridNorm's QKV-norm, with qk_norm)
+    layer_scale: float | None = UNSET  # a per-channel gain on each branch's output, initialized to this; null: none
     init_scale: float | None = None  # multiplies the init std of the layer's linear weights
     lr_mult: float | None = None  # multiplies the learning rate of the layer's parameters
 
     def check(self, path: str) -> None:
-        _check_placement(self.placement, f"{path}.placement")
-        _check_positive(self.heads, f"{path}.heads")
-        _check_positive(self.ffn, f"{path}.ffn")
-        _check_positive(self.init_scale, f"{path}.init_scale")
+        if isinstance(self.placement, str):
+            _check_placement(self.placement, f"{path}.placement")
+        for key in ("heads", "kv_heads", "head_dim", "ffn", "window", "init_scale"):
+            _check_positive(getattr(self, key), f"{path}.{key}")
         _check_positive(self.lr_mult, f"{path}.lr_mult", allow_zero=True)
+        if self.layer_scale is not UNSET and self.layer_scale is not None and self.layer_scale < 0:
+            raise SpecError(f"must be zero or more (the gain's initial value), or null for none, not {self.layer_scale}", path=f"{path}.layer_scale")
 
     def assigned(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(LayerSettings) if getattr(self, f.name) is not None}
+        """The fields this entry sets, as resolved values (a placement pair becomes placement + mlp_placement)."""
+        out = {}
+        for f in dataclasses.fields(LayerSettings):
+            value = getattr(self, f.name)
+            if f.name in ("window", "layer_scale") and value is not UNSET or f.name not in ("window", "layer_scale") and value is not None:
+                out[f.name] = value
+        placement = out.pop("placement", None)
+        if isinstance(placement, SubLayerPlacements):
+            out.update(placement=placement.attn, mlp_placement=placement.mlp)
+        elif placement is not None:
+            out.update(placement=placement, mlp_placement=None)
+        return out
 
 
 @dataclass(kw_only=True)
@@ -62,22 +98,33 @@ class LayerOverride(LayerSettings):
     def check(self, path: str) -> None:
         super().check(path)
         if not self.assigned():
-            raise SpecError("sets nothing; give at least one of placement, heads, ffn, init_scale, lr_mult", path=path)
+            fields = ", ".join(f.name for f in dataclasses.fields(LayerSettings))
+            raise SpecError(f"sets nothing; give at least one of {fields}", path=path)
 
 
 @dataclass(kw_only=True)
 class MixLN:
-    """Post-LN (`early`) on the first floor(alpha * depth) layers, Pre-LN (`late`) on the rest."""
+    """`early` on the first floor(alpha * depth) layers, `late` on the rest: a placement name (Post-LN and
+    Pre-LN by default) or any per-layer settings."""
 
     alpha: float = field(metadata={"help": "the fraction of early layers, in [0, 1]"})
-    early: str = "post"
-    late: str = "pre"
+    early: str | LayerSettings = "post"
+    late: str | LayerSettings = "pre"
 
     def check(self, path: str) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise SpecError(f"must lie in [0, 1], not {self.alpha}", path=f"{path}.alpha")
-        _check_placement(self.early, f"{path}.early")
-        _check_placement(self.late, f"{path}.late")
+        for key in ("early", "late"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                _check_placement(value, f"{path}.{key}")
+            elif not value.assigned():
+                raise SpecError("sets nothing; give a placement name or per-layer settings", path=f"{path}.{key}")
+
+    def settings(self, early: bool) -> dict:
+        """The resolved fields the rule gives an early (or late) layer."""
+        value = self.early if early else self.late
+        return {"placement": value, "mlp_placement": None} if isinstance(value, str) else value.assigned()
 
 
 @dataclass(kw_only=True)
@@ -93,16 +140,22 @@ class ModelSpec:
     width: int = field(metadata={"help": "the model dimension"})
     depth: int = field(metadata={"help": "the number of blocks"})
     heads: int | None = None
-    head_dim: int | None = None
+    head_dim: int | None = None  # alone: heads = width / head_dim; with heads: the per-head width (may differ from width / heads)
+    kv_heads: int | None = None  # key/value heads of every layer (grouped-query attention); default: heads
     ffn: int | None = None
     ffn_mult: float | None = None
     ffn_multiple_of: int = 1
-    norm: str | None = choice("rmsnorm", "layernorm", default=None)  # None: the family's default norm
+    norm: str | None = choice(*NORMS, default=None)  # None: the family's default norm
     norm_eps: float = 1e-6
+    dyt_alpha: float = 0.5  # the initial alpha of DyT norms (tanh(alpha x))
     final_norm: bool = True
     tie_embeddings: bool = False
+    qkv_bias: bool | None = None  # biases on q, k, v (default: the family's: llama none, vit all)
+    proj_bias: bool | None = None  # a bias on the attention output projection
+    mlp_bias: bool | None = None  # biases in the MLP
     attention: str = choice("sdpa", "eager", "xformers", default="sdpa")
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     init_std: float = 0.02
     embed_init_std: float = 0.02
     # llama
@@ -119,16 +172,17 @@ class ModelSpec:
         def at(key: str) -> str:
             return f"{path}.{key}" if path else key
 
-        for key in ("width", "depth", "heads", "head_dim", "ffn", "ffn_mult", "ffn_multiple_of", "norm_eps", "rope_theta", "vocab", "context", "image_size", "patch_size", "channels", "classes"):
+        for key in ("width", "depth", "heads", "head_dim", "kv_heads", "ffn", "ffn_mult", "ffn_multiple_of", "norm_eps", "dyt_alpha",
+                    "rope_theta", "vocab", "context", "image_size", "patch_size", "channels", "classes"):
             _check_positive(getattr(self, key), at(key))
         _check_positive(self.init_std, at("init_std"), allow_zero=True)
         _check_positive(self.embed_init_std, at("embed_init_std"), allow_zero=True)
         if self.depth > MAX_DEPTH:
             raise SpecError(f"must be at most {MAX_DEPTH}, not {self.depth}", path=at("depth"))
-        if (self.heads is None) == (self.head_dim is None):
-            raise SpecError("give exactly one of heads and head_dim", path=at("heads"))
-        if self.head_dim is not None and self.width % self.head_dim:
-            raise SpecError(f"head_dim {self.head_dim} does not divide width {self.width}", path=at("head_dim"))
+        if self.heads is None and self.head_dim is None:
+            raise SpecError("give heads, or head_dim (heads = width / head_dim), or both", path=at("heads"))
+        if self.heads is None and self.width % self.head_dim:
+            raise SpecError(f"head_dim {self.head_dim} does not divide width {self.width}; give heads too for a head_dim of its own", path=at("head_dim"))
         if self.ffn is not None and self.ffn_mult is not None:
             raise SpecError("give ffn or ffn_mult, not both", path=at("ffn_mult"))
         if self.ffn is None and self.ffn_mult is None:
@@ -150,14 +204,50 @@ class ModelSpec:
         return -(-hidden // self.ffn_multiple_of) * self.ffn_multiple_of
 
 
+@dataclass(kw_only=True)
+class RopeScaling:
+    """Llama-3's RoPE frequency scaling ("llama3"): long wavelengths stretched by `factor`, short ones kept."""
+
+    type: str = choice("llama3")
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+    def check(self, path: str) -> None:
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_context"):
+            _check_positive(getattr(self, key), f"{path}.{key}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise SpecError(f"must be above low_freq_factor {self.low_freq_factor}, not {self.high_freq_factor}", path=f"{path}.high_freq_factor")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerSpec:
     index: int
-    placement: str
+    placement: str  # the attention sub-layer's (and the MLP's, unless mlp_placement says otherwise)
     heads: int
     ffn: int
+    kv_heads: int | None = None  # None in files written before format 2: heads
+    head_dim: int | None = None  # None in files written before format 2: width / heads
+    mlp_placement: str | None = None  # None: as `placement`
+    window: int | None = None
+    norm: str | None = None  # None in files written before format 2: the model's
+    qk_norm: bool = False
+    v_norm: bool = False
+    layer_scale: float | None = None
     init_scale: float = 1.0
     lr_mult: float = 1.0
+
+    @property
+    def placements(self) -> tuple[str, str]:
+        """(attention sub-layer's, MLP sub-layer's)."""
+        return self.placement, self.mlp_placement or self.placement
+
+    @property
+    def placement_name(self) -> str:
+        """'pre', or 'none/post' when the sub-layers differ."""
+        attn, mlp = self.placements
+        return attn if attn == mlp else f"{attn}/{mlp}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,6 +265,11 @@ class ResolvedSpec:
     rope_theta: float
     init_std: float
     embed_init_std: float
+    qkv_bias: bool = False
+    proj_bias: bool = False
+    mlp_bias: bool = False
+    dyt_alpha: float = 0.5
+    rope_scaling: dict | None = None  # RopeScaling's fields
     vocab: int | None = None
     context: int | None = None
     image_size: int | None = None
@@ -187,6 +282,15 @@ class ResolvedSpec:
     def depth(self) -> int:
         return len(self.layers)
 
+    def __post_init__(self) -> None:
+        # Files from before format 2 leave the newer per-layer fields out: fill in what they meant.
+        filled = tuple(
+            dataclasses.replace(
+                layer, kv_heads=layer.kv_heads or layer.heads, head_dim=layer.head_dim or self.width // layer.heads, norm=layer.norm or self.norm,
+            ) for layer in self.layers
+        )
+        object.__setattr__(self, "layers", filled)
+
     def check(self, path: str = "") -> None:
         if self.format > SPEC_FORMAT:
             raise SpecError(
@@ -194,8 +298,29 @@ class ResolvedSpec:
                 path="format",
             )
 
+    def layer_table(self) -> tuple[list[str], list[list]]:
+        """Headers and one row per layer: placement, heads, head_dim, ffn, init_scale, lr_mult, and every other
+        per-layer field that some layer sets away from its default (kv_heads, window, norm, ...)."""
+        headers = ["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult"]
+        rows = [[layer.index, layer.placement_name, layer.heads, layer.head_dim, layer.ffn, f"{layer.init_scale:g}", f"{layer.lr_mult:g}"]
+                for layer in self.layers]
+        defaults = {"kv_heads": lambda layer: layer.heads, "window": lambda layer: None, "norm": lambda layer: self.norm,
+                    "qk_norm": lambda layer: False, "v_norm": lambda layer: False, "layer_scale": lambda layer: None}
+        for key, default in defaults.items():
+            if any(getattr(layer, key) != default(layer) for layer in self.layers):
+                headers.append(key)
+                for row, layer in zip(rows, self.layers):
+                    value = getattr(layer, key)
+                    row.append("global" if key == "window" and value is None else "-" if value is None else value)
+        return headers, rows
+
     def post_ln_count(self) -> int:
-        return sum(layer.placement == "post" for layer in self.layers)
+        """Layers whose both sub-layers are Post-LN."""
+        return sum(layer.placements == ("post", "post") for layer in self.layers)
+
+    def uniform_pre(self) -> bool:
+        """Every sub-layer Pre-LN: the reference a search's verdicts compare with."""
+        return all(layer.placements == ("pre", "pre") for layer in self.layers)
 
     def arch_hash(self) -> str:
         """A stable name for the function this spec computes (the attention backend does not change it)."""

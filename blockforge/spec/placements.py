@@ -79,3 +79,5 @@ register_placement(
         input_scale=lambda index, depth: 1.0 / math.sqrt(index + 1),
     )
 )
+# No norm on the sub-layer (HybridNorm's attention with QKV-norm; ReZero-style stacks with a zero layer scale).
+register_placement(Placement("none", "x + F(x)"))

@@ -8,6 +8,7 @@ import re
 from blockforge.errors import SpecError
 from blockforge.spec.family import get_family
 from blockforge.spec.model import LayerSpec, ModelSpec, ResolvedSpec
+from blockforge.spec.strict import to_plain
 
 _SLICE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$")
 _INDEX = re.compile(r"^\s*-?\d+\s*$")
@@ -45,19 +46,30 @@ def select_layers(at: int | str | list[int], depth: int, path: str) -> list[int]
 
 
 def resolve(spec: ModelSpec) -> ResolvedSpec:
-    """The frozen per-layer form of `spec`; raises SpecError naming the key path of any problem."""
-    depth = spec.depth
-    base_heads = spec.heads if spec.heads is not None else spec.width // spec.head_dim
-    layers = [
-        dict(index=i, placement="pre", heads=base_heads, ffn=spec.default_ffn(), init_scale=1.0, lr_mult=1.0)
-        for i in range(depth)
-    ]
-    origin = ["model.heads" if spec.heads is not None else "model.head_dim"] * depth
+    """The frozen per-layer form of `spec`; raises SpecError naming the key path of any problem.
 
-    def assign(index: int, settings: dict, where: str) -> None:
+    Order: the model-level values, then `layers.default`, then `layers.mix_ln`, then each override.
+    """
+    depth = spec.depth
+    family = get_family(spec.family)
+    heads = spec.heads if spec.heads is not None else spec.width // spec.head_dim
+    start = dict(placement="pre", mlp_placement=None, heads=heads, kv_heads=None, head_dim=spec.head_dim if spec.heads is not None else None,
+                 ffn=spec.default_ffn(), window=None, norm=spec.norm or family.default_norm, qk_norm=False, v_norm=False,
+                 layer_scale=None, init_scale=1.0, lr_mult=1.0)
+    if spec.kv_heads is not None:
+        start["kv_heads"] = spec.kv_heads
+    layers = [dict(start, index=i) for i in range(depth)]
+    # Where each layer's value of each field was last set: the key path an error names.
+    model_level = {"heads": "model.heads" if spec.heads is not None else "model.head_dim"}
+    if spec.kv_heads is not None:
+        model_level["kv_heads"] = "model.kv_heads"
+    if spec.heads is not None and spec.head_dim is not None:
+        model_level["head_dim"] = "model.head_dim"
+    origin = [dict.fromkeys(start, "model") | model_level for _ in range(depth)]
+
+    def assign(index: int, settings: dict, where: str, *, per_field: bool = True) -> None:
         layers[index].update(settings)
-        if "heads" in settings:
-            origin[index] = f"{where}.heads"
+        origin[index].update({key: f"{where}.{key}" if per_field else where for key in settings})
 
     for i in range(depth):
         assign(i, spec.layers.default.assigned(), "model.layers.default")
@@ -65,28 +77,29 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         rule = spec.layers.mix_ln
         n_early = mix_ln_count(rule.alpha, depth)
         for i in range(depth):
-            layers[i]["placement"] = rule.early if i < n_early else rule.late
+            side = "early" if i < n_early else "late"
+            assign(i, rule.settings(early=i < n_early), f"model.layers.mix_ln.{side}", per_field=not isinstance(getattr(rule, side), str))
     for k, override in enumerate(spec.layers.overrides):
         where = f"model.layers.overrides[{k}]"
         for i in select_layers(override.at, depth, f"{where}.at"):
             assign(i, override.assigned(), where)
 
-    family = get_family(spec.family)
     for layer, where in zip(layers, origin):
-        if spec.width % layer["heads"]:
-            raise SpecError(f"{layer['heads']} heads do not divide width {spec.width}; choose a divisor of {spec.width}", path=where)
+        _check_layer(spec, family, layer, where)
         if family.check_layer is not None:
-            family.check_layer(spec, layer, where)
-
+            family.check_layer(spec, layer, where["head_dim"] if where["head_dim"] != "model" else where["heads"])
+    biases = {key: getattr(spec, key) if getattr(spec, key) is not None else family.default_bias for key in ("qkv_bias", "proj_bias", "mlp_bias")}
     return ResolvedSpec(
         family=spec.family,
         width=spec.width,
         norm=spec.norm or family.default_norm,
         norm_eps=spec.norm_eps,
+        dyt_alpha=spec.dyt_alpha,
         final_norm=spec.final_norm,
         tie_embeddings=spec.tie_embeddings,
         attention=spec.attention,
         rope_theta=spec.rope_theta,
+        rope_scaling=to_plain(spec.rope_scaling) if spec.rope_scaling is not None else None,
         init_std=spec.init_std,
         embed_init_std=spec.embed_init_std,
         vocab=spec.vocab,
@@ -96,4 +109,24 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         channels=spec.channels if "channels" in family.required else None,
         classes=spec.classes,
         layers=tuple(LayerSpec(**layer) for layer in layers),
+        **biases,
     )
+
+
+def _check_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
+    """One resolved layer's fields against each other and the model; errors name where the field was set."""
+    heads = layer["heads"]
+    if layer["head_dim"] is None:
+        if spec.width % heads:
+            raise SpecError(f"{heads} heads do not divide width {spec.width}; choose a divisor of {spec.width}, or set head_dim", path=where["heads"])
+        layer["head_dim"] = spec.width // heads
+    if layer["kv_heads"] is None:
+        layer["kv_heads"] = heads
+    if heads % layer["kv_heads"]:
+        raise SpecError(f"kv_heads {layer['kv_heads']} must divide heads {heads} (each key/value head serves a group of query heads)",
+                        path=where["kv_heads"] if where["kv_heads"] != "model" else where["heads"])
+    if layer["window"] is not None and not family.causal:
+        raise SpecError(f"a sliding window needs causal attention, and a {spec.family} model attends both ways; remove window",
+                        path=where["window"])
+    if layer["mlp_placement"] == layer["placement"]:
+        layer["mlp_placement"] = None  # one name for both sub-layers

@@ -15,6 +15,19 @@ from typing import Any, Union
 from blockforge.errors import SpecError, unknown_choice_message, unknown_key_message
 
 
+class _Unset:
+    """The default of a field whose null is a meaningful value (e.g. `window: null` means global attention)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __reduce__(self):
+        return "UNSET"  # pickles (and copies) as the one instance
+
+
+UNSET: Any = _Unset()
+
+
 def choice(*allowed: str, default: Any = dataclasses.MISSING, help: str | None = None) -> Any:
     """A string field restricted to `allowed` (the error lists them)."""
     metadata = {"choices": allowed, "help": help or "one of " + ", ".join(allowed)}
@@ -154,7 +167,7 @@ def _checked(instance: Any, path: str) -> Any:
 def to_plain(obj: Any) -> Any:
     """Plain YAML/JSON data (dicts, lists, scalars) for a dataclass instance, tuple or list."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if getattr(obj, f.name) is not UNSET}
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):

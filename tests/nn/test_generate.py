@@ -12,8 +12,8 @@ from blockforge.spec.model import LayerRules, LayerSettings, MixLN
 from blockforge.spec.placements import PLACEMENTS
 
 
-def llama(placement=None, mix=None, **kw):
-    layers = LayerRules(default=LayerSettings(placement=placement or "pre"), mix_ln=MixLN(alpha=mix) if mix else None)
+def llama(placement=None, mix=None, knobs=None, **kw):
+    layers = LayerRules(default=LayerSettings(placement=placement or "pre", **(knobs or {})), mix_ln=MixLN(alpha=mix) if mix else None)
     spec = ModelSpec(family="llama", width=32, depth=3, heads=4, ffn=64, vocab=50, context=40, layers=layers, **kw)
     return blockforge.build_model(spec, seed=0).eval()
 
@@ -31,6 +31,23 @@ def test_cached_steps_equal_full_recomputation(placement):
     torch.testing.assert_close(prefill, full[:, :4], rtol=0, atol=1e-10)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], rtol=0, atol=1e-10)
     torch.testing.assert_close(chunk, full, rtol=0, atol=1e-10)
+
+
+KNOBS = {"gqa": {"kv_heads": 2}, "window": {"window": 3}, "gqa+window+qk_norm": {"kv_heads": 1, "window": 2, "qk_norm": True},
+         "layer scale + dyt": {"layer_scale": 0.5, "norm": "dyt"}}
+
+
+@pytest.mark.parametrize("name", list(KNOBS))
+def test_cached_steps_equal_full_recomputation_with_per_layer_knobs(name):
+    model = llama(knobs=KNOBS[name]).double()
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(len(model.layers))
+    with torch.no_grad():
+        prefill = model(tokens[:, :5], cache=cache)
+        steps = [model(tokens[:, t : t + 1], cache=cache) for t in range(5, 9)]
+        full = model(tokens)
+    torch.testing.assert_close(torch.cat([prefill] + steps, 1), full, rtol=0, atol=1e-10)
+    assert torch.equal(generate(model, tokens[:, :4], 8, temperature=0), generate(model, tokens[:, :4], 8, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("placement,mix", [("pre", None), ("post", None), ("pre", 0.34), ("deepnorm", None)])

@@ -85,3 +85,72 @@ def test_vit_matches_timm(depth, heads, width, mlp_ratio, final_norm):
         got = ours(images)
     assert got.shape == (5, 7)
     assert (got - expected).abs().max().item() <= TOL
+
+
+def _hf(kind, **config):
+    import transformers
+
+    config_class, model_class = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+                                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[kind]
+    settings = dict(vocab_size=97, max_position_embeddings=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**settings, **config})).eval()
+    with torch.no_grad():  # every tensor random, biases and norms included
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2 if "norm" in name else 0.05)
+    return model
+
+
+LLAMA3 = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=24, intermediate_size=160,
+              tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+              rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8})
+REAL_CONFIGS = {
+    "llama-3 style: GQA, head_dim 24, theta 5e5, llama3 scaling, all biases, tied": ("llama", LLAMA3),
+    "tinyllama style: 8 heads, 1 kv head": ("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1,
+                                                          intermediate_size=96)),
+    "mistral: one window of 6": ("mistral", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  intermediate_size=96, sliding_window=6)),
+    "qwen2: q/k/v biases, sliding layers after the first": ("qwen2", dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                                                         num_key_value_heads=2, intermediate_size=96, use_sliding_window=True,
+                                                                         sliding_window=5, max_window_layers=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_CONFIGS))
+def test_real_checkpoint_configs_convert_exactly(name):
+    kind, config = REAL_CONFIGS[name]
+    hf = _hf(kind, **config)
+    ours = from_hf_llama(hf)
+    tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(tokens) - hf(tokens).logits).abs().max().item() <= TOL
+    if kind == "qwen2":
+        assert [layer.window for layer in ours.spec.layers] == [None, 5, 5] and ours.spec.qkv_bias and not ours.spec.proj_bias
+    if kind == "mistral":
+        assert {layer.window for layer in ours.spec.layers} == {6}
+
+
+def test_llama3_style_round_trip_and_generate():
+    hf = _hf("llama", **LLAMA3)
+    ours = from_hf_llama(hf)
+    assert (ours.spec.layers[0].kv_heads, ours.spec.layers[0].head_dim, ours.spec.rope_scaling["type"]) == (2, 24, "llama3")
+    back = to_hf_llama(ours)
+    tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (back(tokens).logits - hf(tokens).logits).abs().max().item() <= TOL
+    prompt = tokens[:1, :5]
+    theirs = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 12, temperature=0), theirs)
+
+
+def test_to_hf_llama_refuses_windows_and_per_layer_differences():
+    from blockforge.errors import BlockforgeError
+
+    windowed = from_hf_llama(_hf("mistral", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                 intermediate_size=96, sliding_window=6))
+    with pytest.raises(BlockforgeError, match="sliding windows"):
+        to_hf_llama(windowed)
+    qwen = from_hf_llama(_hf("qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96))
+    with pytest.raises(BlockforgeError, match="biases differ"):
+        to_hf_llama(qwen)

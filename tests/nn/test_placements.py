@@ -91,7 +91,11 @@ def _lns(r, f, x, l, L):
     return x + f(_rms(x, _norm_weight(r, "in_norm")) / math.sqrt(l + 1))
 
 
-BY_HAND = {"pre": _pre, "post": _post, "deepnorm": _deepnorm, "sandwich": _sandwich, "respost": _respost, "lns": _lns}
+def _none(r, f, x, l, L):
+    return x + f(x)
+
+
+BY_HAND = {"pre": _pre, "post": _post, "deepnorm": _deepnorm, "sandwich": _sandwich, "respost": _respost, "lns": _lns, "none": _none}
 
 
 def test_every_registered_placement_has_a_hand_written_formula():

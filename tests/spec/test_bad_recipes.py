@@ -38,7 +38,8 @@ CASES = [
     ("depth given as boolean", GOOD_MODEL.replace("depth: 4", "depth: true"), "model.depth"),
     ("family missing", GOOD_MODEL.replace("  family: llama\n", ""), "model.family"),
     ("unknown family", GOOD_MODEL.replace("family: llama", "family: gpt"), "model.family"),
-    ("heads and head_dim both", GOOD_MODEL + "  head_dim: 16\n", "model.heads"),
+    ("odd head_dim beside heads", GOOD_MODEL + "  head_dim: 15\n", "model.head_dim"),
+    ("neither heads nor head_dim", GOOD_MODEL.replace("  heads: 4\n", ""), "model.heads"),
     ("no ffn", GOOD_MODEL.replace("  ffn: 128\n", ""), "model.ffn"),
     ("vit key on llama", GOOD_MODEL + "  classes: 10\n", "model.classes"),
     ("negative lr", GOOD_MODEL + "train: {lr: -1.0}\n", "train.lr"),
@@ -53,6 +54,44 @@ CASES = [
     ("YAML syntax error", GOOD_MODEL + "  layers: {default: [placement: pre\n", "line"),
     ("base file missing", "base: nowhere.yaml\n" + GOOD_MODEL, "base"),
     ("bad tab indentation", GOOD_MODEL + "\tdepth: 3\n", "YAML"),
+]
+
+GOOD_VIT = """\
+model:
+  family: vit
+  width: 32
+  depth: 2
+  heads: 2
+  ffn: 64
+  image_size: 8
+  patch_size: 4
+  classes: 10
+"""
+LAYERS = GOOD_MODEL + "  layers: "
+# The per-layer knobs (kv_heads, head_dim, window, norm, qk/v norm, layer scale, sub-layer placements) and the
+# model-level ones that go with them.
+CASES += [
+    ("kv_heads not dividing heads", LAYERS + "{default: {kv_heads: 3}}\n", "model.layers.default.kv_heads"),
+    ("model kv_heads not dividing heads", GOOD_MODEL + "  kv_heads: 3\n", "model.kv_heads"),
+    ("kv_heads zero", LAYERS + "{overrides: [{at: 0, kv_heads: 0}]}\n", "model.layers.overrides[0].kv_heads"),
+    ("odd head_dim in one layer", LAYERS + "{overrides: [{at: 1, head_dim: 7}]}\n", "model.layers.overrides[0].head_dim"),
+    ("window of zero", LAYERS + "{default: {window: 0}}\n", "model.layers.default.window"),
+    ("negative window", LAYERS + "{overrides: [{at: 2, window: -4}]}\n", "model.layers.overrides[0].window"),
+    ("window as text", LAYERS + "{default: {window: wide}}\n", "model.layers.default.window"),
+    ("window on a vit", GOOD_VIT + "  layers: {default: {window: 4}}\ndata: {source: digits}\n", "model.layers.default.window"),
+    ("unknown norm type", LAYERS + "{default: {norm: batchnorm}}\n", "model.layers.default.norm"),
+    ("unknown model norm", GOOD_MODEL + "  norm: groupnorm\n", "model.norm"),
+    ("qk_norm not a boolean", LAYERS + "{default: {qk_norm: 3}}\n", "model.layers.default.qk_norm"),
+    ("negative layer scale", LAYERS + "{default: {layer_scale: -0.1}}\n", "model.layers.default.layer_scale"),
+    ("sub-layer placement without mlp", LAYERS + "{default: {placement: {attn: pre}}}\n", "model.layers.default.placement.mlp"),
+    ("unknown sub-layer placement", LAYERS + "{default: {placement: {attn: none, mlp: pst}}}\n", "model.layers.default.placement.mlp"),
+    ("extra sub-layer key", LAYERS + "{default: {placement: {attn: pre, mlp: post, out: pre}}}\n", "model.layers.default.placement.out"),
+    ("Mix-LN early settings empty", LAYERS + "{mix_ln: {alpha: 0.5, early: {}}}\n", "model.layers.mix_ln.early"),
+    ("Mix-LN early unknown key", LAYERS + "{mix_ln: {alpha: 0.5, early: {placment: post}}}\n", "model.layers.mix_ln.early.placment"),
+    ("unknown rope scaling", GOOD_MODEL + "  rope_scaling: {type: yarn}\n", "model.rope_scaling.type"),
+    ("rope scaling bounds crossed", GOOD_MODEL + "  rope_scaling: {type: llama3, low_freq_factor: 4, high_freq_factor: 1}\n", "model.rope_scaling.high_freq_factor"),
+    ("DyT alpha zero", GOOD_MODEL + "  dyt_alpha: 0\n", "model.dyt_alpha"),
+    ("bias flag as text", GOOD_MODEL + "  qkv_bias: sometimes\n", "model.qkv_bias"),
 ]
 
 
