@@ -40,9 +40,6 @@ def _structure_problems(timm_model: nn.Module) -> list[str]:
         act = getattr(getattr(block, "mlp", None), "act", None)
         if not (type(act) is nn.GELU and act.approximate == "none"):
             problems[f"activation {type(act).__name__} in block {i} (only exact GELU is modelled)"] = True
-        for name in ("ls1", "ls2"):
-            if not isinstance(getattr(block, name, nn.Identity()), nn.Identity):
-                problems["layer scale"] = True
     return [problem for problem, present in problems.items() if present]
 
 
@@ -58,9 +55,15 @@ def from_timm_vit(timm_model: nn.Module) -> nn.Module:
     fc1 = source.tensors.get("blocks.0.mlp.fc1.weight")
     if fc1 is None or not hasattr(blocks[0].attn, "num_heads") or not hasattr(blocks[0], "norm1"):
         raise ConversionError(f"{what} has blocks built differently from timm's standard Block (attention, norm1, mlp.fc1)")
+    first = blocks[0]
+    has_layer_scale = not isinstance(getattr(first, "ls1", nn.Identity()), nn.Identity)
+    has_qk_norm = not isinstance(getattr(first.attn, "q_norm", nn.Identity()), nn.Identity)
     spec = resolve(
         ModelSpec(
             family="vit",
+            qkv_bias="blocks.0.attn.qkv.bias" in source.tensors,
+            proj_bias="blocks.0.attn.proj.bias" in source.tensors,
+            mlp_bias="blocks.0.mlp.fc1.bias" in source.tensors,
             width=timm_model.embed_dim,
             depth=len(blocks),
             heads=blocks[0].attn.num_heads,
@@ -72,7 +75,7 @@ def from_timm_vit(timm_model: nn.Module) -> nn.Module:
             norm="layernorm",
             norm_eps=blocks[0].norm1.eps,
             final_norm="norm.weight" in source.tensors,
-            layers=LayerRules(default=LayerSettings(placement="pre")),
+            layers=LayerRules(default=LayerSettings(placement="pre", qk_norm=has_qk_norm, layer_scale=1.0 if has_layer_scale else None)),
         )
     )
     model = build_model(spec)
@@ -84,10 +87,17 @@ def from_timm_vit(timm_model: nn.Module) -> nn.Module:
         source.copy_into(model.final_norm.bias, "norm.bias")
     pairs = [("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
              ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2")]
+    if spec.layers[0].qk_norm:
+        pairs += [("attn.branch.q_norm", "attn.q_norm"), ("attn.branch.k_norm", "attn.k_norm")]
     for i, block in enumerate(model.layers):
         for ours, theirs in pairs:
             for kind in ("weight", "bias"):
+                if ours.endswith(("qkv", "proj", "fc1", "fc2")) and getattr(block.get_submodule(ours), kind) is None:
+                    continue  # a layout without that bias (checked against the source's tensors when the spec was read)
                 source.copy_into(block.get_parameter(f"{ours}.{kind}"), f"blocks.{i}.{theirs}.{kind}")
+        if spec.layers[i].layer_scale is not None:
+            source.copy_into(block.attn.layer_scale, f"blocks.{i}.ls1.gamma")
+            source.copy_into(block.mlp.layer_scale, f"blocks.{i}.ls2.gamma")
     source.finish()
     model.eval()
     images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))

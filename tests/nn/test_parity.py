@@ -154,3 +154,20 @@ def test_to_hf_llama_refuses_windows_and_per_layer_differences():
     qwen = from_hf_llama(_hf("qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96))
     with pytest.raises(BlockforgeError, match="biases differ"):
         to_hf_llama(qwen)
+
+
+@pytest.mark.parametrize("changes", [{"qk_norm": True}, {"init_values": 0.1}, {"proj_bias": False}, {"qkv_bias": False},
+                                     {"qk_norm": True, "init_values": 1e-5, "final_norm": False}])
+def test_vit_knobs_match_timm(changes):
+    from timm.models.vision_transformer import VisionTransformer
+
+    ref = VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=32, depth=2, num_heads=4, **changes).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.2)
+    ours = from_timm_vit(ref)
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        assert (ours(images) - ref(images)).abs().max().item() <= TOL
+    layer = ours.spec.layers[0]
+    assert layer.qk_norm == changes.get("qk_norm", False) and (layer.layer_scale is not None) == ("init_values" in changes)
