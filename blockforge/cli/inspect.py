@@ -30,6 +30,7 @@ def human_count(n: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
     from blockforge.spec import load_recipe
+    from blockforge.spec.family import get_family
 
     recipe = load_recipe(args.recipe, args.overrides)
     spec = recipe.spec
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     counts = Counter(layer.placement_name for layer in spec.layers)
     print()
     print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
-    other = [f"{key} {getattr(spec, key)}" for key in ("qkv_bias", "proj_bias", "mlp_bias") if getattr(spec, key)]
+    default_bias = get_family(spec.family).default_bias
+    other = [f"{key} {getattr(spec, key)}" for key in ("qkv_bias", "proj_bias", "mlp_bias") if getattr(spec, key) != default_bias]
     if spec.rope_scaling:
         other.append(f"rope scaling {spec.rope_scaling['type']} x{spec.rope_scaling['factor']:g}")
     if other:

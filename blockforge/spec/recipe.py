@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -151,11 +152,16 @@ def _unwrap(tp: Any) -> list[Any]:
     return [tp]
 
 
+def key_parts(key: str) -> list[str]:
+    """'model.layers.overrides[0].window' (or '...overrides.0.window') -> ['model', 'layers', 'overrides', '0', 'window']."""
+    return [part for part in re.split(r"[.\[\]]+", key) if part != ""]
+
+
 def check_dotted_key(root: type, key: str) -> None:
-    """Raise SpecError unless `key` names a field reachable from dataclass `root` (list items by index)."""
+    """Raise SpecError unless `key` names a field reachable from dataclass `root` (list items by index: [0] or .0)."""
     options = [root]
     walked = []
-    for part in key.split("."):
+    for part in key_parts(key):
         next_options = []
         known: list[str] = []
         for tp in options:
@@ -179,7 +185,7 @@ def check_dotted_key(root: type, key: str) -> None:
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
     """Assign `value` at dotted `key` inside plain data, creating mappings on the way."""
-    parts = key.split(".")
+    parts = key_parts(key)
     node: Any = data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1

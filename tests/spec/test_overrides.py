@@ -42,3 +42,12 @@ def test_unknown_key_is_refused_before_anything_runs():
 def test_wrong_type_names_the_key():
     with pytest.raises(SpecError, match="model.depth: must be an integer"):
         load_recipe(f"{RECIPES}/llama-tiny-mix.yaml", [parse_assignment("model.depth=1.5")])
+
+
+def test_list_items_by_bracket_index_reach_new_per_layer_fields():
+    recipe = load_recipe(f"{RECIPES}/llama-tiny-local-global.yaml", [parse_assignment("model.layers.overrides[0].window=64"),
+                                                                      parse_assignment("model.layers.default.window=16")])
+    windows = [layer.window for layer in recipe.spec.layers]
+    assert windows == [16] * 5 + [64] + [16] * 2
+    with pytest.raises(SpecError, match=r"model.layers.overrides\[0\].windoww|did you mean 'window'"):
+        load_recipe(f"{RECIPES}/llama-tiny-local-global.yaml", [parse_assignment("model.layers.overrides[0].windoww=4")])
