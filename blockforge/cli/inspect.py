@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
     default_bias = get_family(spec.family).default_bias
     other = [f"{key} {getattr(spec, key)}" for key in ("qkv_bias", "proj_bias", "mlp_bias") if getattr(spec, key) != default_bias]
+    if spec.parametrization == "completep":
+        other.append(f"completep (base depth {spec.base_depth}, alpha {spec.depth_alpha:g}): branches x{spec.branch_multiplier:.4g}, "
+                     f"block lr x{spec.block_lr_scale:.4g}, block Adam eps x{spec.block_eps_scale:.4g}")
     if spec.rope_scaling:
         other.append(f"rope scaling {spec.rope_scaling['type']} x{spec.rope_scaling['factor']:g}")
     if other:

@@ -23,10 +23,11 @@ from blockforge.spec.placements import Placement, get_placement
 
 
 class Residual(nn.Module):
-    """out_norm(a * x + g * branch_norm(F(s * in_norm(x)))), g a per-channel layer scale when `layer_scale` is set."""
+    """out_norm(a * x + m * g * branch_norm(F(s * in_norm(x)))): g a per-channel layer scale when `layer_scale` is set,
+    m a constant branch multiplier (CompleteP)."""
 
     def __init__(self, branch: nn.Module, placement: Placement, make_norm: Callable[[], nn.Module], index: int, depth: int,
-                 layer_scale: float | None = None, width: int | None = None):
+                 layer_scale: float | None = None, width: int | None = None, branch_multiplier: float = 1.0):
         super().__init__()
         self.in_norm = make_norm() if placement.in_norm else nn.Identity()
         self.branch = branch
@@ -35,6 +36,7 @@ class Residual(nn.Module):
         self.residual_scale = placement.residual_scale(index, depth)  # a
         self.input_scale = placement.input_scale(index, depth)  # s
         self.layer_scale = nn.Parameter(torch.full((width,), float(layer_scale))) if layer_scale is not None else None  # g
+        self.branch_multiplier = branch_multiplier  # m: a constant (CompleteP's depth scaling), 1 otherwise
 
     def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
         h = self.in_norm(x)
@@ -45,10 +47,12 @@ class Residual(nn.Module):
         out = self.branch_norm(self.branch(h, **branch_kwargs))
         if self.layer_scale is not None:
             out = out * self.layer_scale
+        if self.branch_multiplier != 1.0:
+            out = out * self.branch_multiplier
         return self.out_norm(x + out)
 
     def extra_repr(self) -> str:
-        return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}"
+        return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}, branch_multiplier={self.branch_multiplier:.4g}"
 
 
 class Block(nn.Module):
@@ -78,7 +82,7 @@ def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], c
     attn = Attention(spec.width, layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, bias=spec.qkv_bias,
                      proj_bias=spec.proj_bias, causal=causal, backend=spec.attention, window=layer.window, head_norm=norm,
                      qk_norm=layer.qk_norm, v_norm=layer.v_norm)
-    scale = dict(layer_scale=layer.layer_scale, width=spec.width)
+    scale = dict(layer_scale=layer.layer_scale, width=spec.width, branch_multiplier=spec.branch_multiplier)
     return Block(
         Residual(attn, attn_placement, norm, layer.index, spec.depth, **scale),
         Residual(mlp(spec.width, layer.ffn, bias=spec.mlp_bias), mlp_placement, norm, layer.index, spec.depth, **scale),

@@ -128,9 +128,61 @@ class MixLN:
 
 
 @dataclass(kw_only=True)
+class Ramp:
+    """Layer-wise scaling (OpenELM): per-layer multipliers from linspace(MIN, MAX, depth), first layer to last.
+
+    heads / kv_heads / ffn multiply the width and are rounded as OpenELM does (multipliers to 2 decimals,
+    dims with its make_divisible: query dims to head_dim x the layer's query/key-value group size, FFN dims
+    to model.ffn_multiple_of); init_scale and lr_mult ramp the value itself.
+    """
+
+    heads: list[float] | None = None
+    kv_heads: list[float] | None = None
+    ffn: list[float] | None = None
+    init_scale: list[float] | None = None
+    lr_mult: list[float] | None = None
+
+    def check(self, path: str) -> None:
+        given = [key for key in ("heads", "kv_heads", "ffn", "init_scale", "lr_mult") if getattr(self, key) is not None]
+        if not given:
+            raise SpecError("ramps nothing; give e.g. ffn: [0.5, 4.0] (multipliers of the width, first layer to last)", path=path)
+        for key in given:
+            bounds = getattr(self, key)
+            if len(bounds) != 2:
+                raise SpecError(f"takes [MIN, MAX], two numbers, not {len(bounds)}", path=f"{path}.{key}")
+            low, high = bounds
+            if not 0 < low or not 0 < high:
+                raise SpecError(f"multipliers must be greater than zero, not {bounds}", path=f"{path}.{key}")
+            if low > high:
+                raise SpecError(f"MIN {low:g} is above MAX {high:g}; a ramp runs from MIN at the first layer to MAX at the last, "
+                                "so give MIN <= MAX", path=f"{path}.{key}")
+
+
+@dataclass(kw_only=True)
+class Pattern:
+    """Settings for every `every`-th layer from `offset` (0-based): layers i with i % every == offset."""
+
+    every: int = field(metadata={"help": "the period in layers, e.g. 6"})
+    offset: int = 0
+    set: LayerSettings = field(metadata={"help": "the per-layer settings the chosen layers get"})
+
+    def check(self, path: str) -> None:
+        if self.every < 1:
+            raise SpecError(f"must be at least 1, not {self.every}", path=f"{path}.every")
+        if not 0 <= self.offset < self.every:
+            raise SpecError(f"must lie in [0, every) = [0, {self.every}), not {self.offset}", path=f"{path}.offset")
+        if not self.set.assigned():
+            raise SpecError("sets nothing; give per-layer settings, e.g. {window: null}", path=f"{path}.set")
+
+
+@dataclass(kw_only=True)
 class LayerRules:
+    """Applied in this order: default, mix_ln, ramp, each pattern, each override (later ones win)."""
+
     default: LayerSettings = field(default_factory=LayerSettings)
     mix_ln: MixLN | None = None
+    ramp: Ramp | None = None
+    pattern: list[Pattern] = field(default_factory=list)
     overrides: list[LayerOverride] = field(default_factory=list)
 
 
@@ -158,6 +210,9 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None
     init_std: float = 0.02
     embed_init_std: float = 0.02
+    parametrization: str = choice("standard", "completep", default="standard")  # completep: depth-muP (needs base_depth)
+    base_depth: int | None = None  # completep: the depth whose hyperparameters transfer
+    depth_alpha: float = 1.0  # completep: branches scaled by (depth / base_depth)^-depth_alpha, in [0.5, 1]
     # llama
     vocab: int | None = None
     context: int | None = None
@@ -183,6 +238,11 @@ class ModelSpec:
             raise SpecError("give heads, or head_dim (heads = width / head_dim), or both", path=at("heads"))
         if self.heads is None and self.width % self.head_dim:
             raise SpecError(f"head_dim {self.head_dim} does not divide width {self.width}; give heads too for a head_dim of its own", path=at("head_dim"))
+        if self.parametrization == "completep" and self.base_depth is None:
+            raise SpecError("is required with parametrization completep (the depth whose hyperparameters transfer)", path=at("base_depth"))
+        _check_positive(self.base_depth, at("base_depth"))
+        if not 0.5 <= self.depth_alpha <= 1.0:
+            raise SpecError(f"must lie in [0.5, 1], not {self.depth_alpha}", path=at("depth_alpha"))
         if self.ffn is not None and self.ffn_mult is not None:
             raise SpecError("give ffn or ffn_mult, not both", path=at("ffn_mult"))
         if self.ffn is None and self.ffn_mult is None:
@@ -270,6 +330,9 @@ class ResolvedSpec:
     mlp_bias: bool = False
     dyt_alpha: float = 0.5
     rope_scaling: dict | None = None  # RopeScaling's fields
+    parametrization: str = "standard"
+    base_depth: int | None = None
+    depth_alpha: float = 1.0
     vocab: int | None = None
     context: int | None = None
     image_size: int | None = None
@@ -317,6 +380,26 @@ class ResolvedSpec:
     def post_ln_count(self) -> int:
         """Layers whose both sub-layers are Post-LN."""
         return sum(layer.placements == ("post", "post") for layer in self.layers)
+
+    @property
+    def depth_ratio(self) -> float:
+        """depth / base_depth under completep (1 under standard)."""
+        return self.depth / self.base_depth if self.parametrization == "completep" else 1.0
+
+    @property
+    def branch_multiplier(self) -> float:
+        """CompleteP: every residual branch's output times (depth / base_depth)^-depth_alpha."""
+        return self.depth_ratio ** -self.depth_alpha
+
+    @property
+    def block_lr_scale(self) -> float:
+        """CompleteP: the learning rate of the blocks' parameters times (depth / base_depth)^(depth_alpha - 1)."""
+        return self.depth_ratio ** (self.depth_alpha - 1.0)
+
+    @property
+    def block_eps_scale(self) -> float:
+        """CompleteP: Adam's epsilon for the blocks' parameters times (depth / base_depth)^-depth_alpha."""
+        return self.depth_ratio ** -self.depth_alpha
 
     def uniform_pre(self) -> bool:
         """Every sub-layer Pre-LN: the reference a search's verdicts compare with."""

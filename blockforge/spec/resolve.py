@@ -48,7 +48,7 @@ def select_layers(at: int | str | list[int], depth: int, path: str) -> list[int]
 def resolve(spec: ModelSpec) -> ResolvedSpec:
     """The frozen per-layer form of `spec`; raises SpecError naming the key path of any problem.
 
-    Order: the model-level values, then `layers.default`, then `layers.mix_ln`, then each override.
+    Order: the model-level values, then `layers.default`, `layers.mix_ln`, `layers.ramp`, each pattern, each override.
     """
     depth = spec.depth
     family = get_family(spec.family)
@@ -79,6 +79,16 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         for i in range(depth):
             side = "early" if i < n_early else "late"
             assign(i, rule.settings(early=i < n_early), f"model.layers.mix_ln.{side}", per_field=not isinstance(getattr(rule, side), str))
+    if spec.layers.ramp is not None:
+        for i, settings in enumerate(ramp_settings(spec.layers.ramp, layers, spec)):
+            assign(i, settings, "model.layers.ramp")
+    for k, pattern in enumerate(spec.layers.pattern):
+        where = f"model.layers.pattern[{k}]"
+        chosen = range(pattern.offset, depth, pattern.every)
+        if not chosen:
+            raise SpecError(f"selects no layer of a {depth}-layer model (offset {pattern.offset}, every {pattern.every})", path=f"{where}.offset")
+        for i in chosen:
+            assign(i, pattern.set.assigned(), f"{where}.set")
     for k, override in enumerate(spec.layers.overrides):
         where = f"model.layers.overrides[{k}]"
         for i in select_layers(override.at, depth, f"{where}.at"):
@@ -109,6 +119,9 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         channels=spec.channels if "channels" in family.required else None,
         classes=spec.classes,
         layers=tuple(LayerSpec(**layer) for layer in layers),
+        parametrization=spec.parametrization,
+        base_depth=spec.base_depth,
+        depth_alpha=spec.depth_alpha,
         **biases,
     )
 
@@ -130,3 +143,35 @@ def _check_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
                         path=where["window"])
     if layer["mlp_placement"] == layer["placement"]:
         layer["mlp_placement"] = None  # one name for both sub-layers
+
+
+def make_divisible(value: float, divisor: int) -> int:
+    """OpenELM's rounding: the nearest multiple of `divisor` (at least `divisor`), one step up if that fell below 90% of `value`."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+def ramp_settings(ramp, layers: list[dict], spec: ModelSpec) -> list[dict]:
+    """Per layer, what `ramp` sets: multipliers from linspace(MIN, MAX, depth) (see model.Ramp)."""
+    depth = len(layers)
+
+    def multipliers(bounds, decimals: int | None = 2) -> list[float]:
+        low, high = bounds
+        values = [low + (high - low) * i / (depth - 1) if depth > 1 else low for i in range(depth)]
+        return [round(v, decimals) for v in values] if decimals is not None else values
+
+    out = [dict() for _ in range(depth)]
+    for i, layer in enumerate(layers):
+        head_dim = layer["head_dim"] or spec.width // layer["heads"]
+        group = layer["heads"] // (layer["kv_heads"] or layer["heads"])  # query heads per key/value head
+        if ramp.heads is not None:
+            heads = make_divisible(spec.width * multipliers(ramp.heads)[i], head_dim * group) // head_dim
+            out[i].update(heads=heads, kv_heads=heads // group, head_dim=head_dim)
+        if ramp.kv_heads is not None:
+            out[i].update(kv_heads=make_divisible(spec.width * multipliers(ramp.kv_heads)[i], head_dim) // head_dim, head_dim=head_dim)
+        if ramp.ffn is not None:
+            out[i]["ffn"] = make_divisible(spec.width * multipliers(ramp.ffn)[i], spec.ffn_multiple_of)
+        for key in ("init_scale", "lr_mult"):
+            if getattr(ramp, key) is not None:
+                out[i][key] = multipliers(getattr(ramp, key), decimals=None)[i]
+    return out

@@ -12,30 +12,34 @@ from blockforge.spec.model import ResolvedSpec
 from blockforge.spec.train import TrainConfig
 
 
-def parameter_groups(model: nn.Module, spec: ResolvedSpec, weight_decay: float) -> list[dict]:
-    """One group per distinct lr_mult, found by walking model.layers[i] beside spec.layers[i].
+def parameter_groups(model: nn.Module, spec: ResolvedSpec, weight_decay: float, eps: float = 1e-8) -> list[dict]:
+    """One group per distinct (lr multiplier, weight decay, eps), found by walking model.layers[i] beside spec.layers[i].
 
-    Parameters outside the blocks (embeddings, final norm, head) keep lr_mult 1. Weight decay applies
-    to matrices only, and not to the family's `no_decay` parameters (e.g. vit's positions and class token).
+    A block's parameters take its layer's lr_mult, times CompleteP's block learning-rate scale, and Adam's
+    epsilon times CompleteP's block epsilon scale (both 1 under the standard parametrization). Parameters
+    outside the blocks (embeddings, final norm, head) keep lr_mult 1 and `eps`. Weight decay applies to
+    matrices only, and not to the family's `no_decay` parameters (e.g. vit's positions and class token).
     """
     no_decay = get_family(spec.family).no_decay
-    multiplier: dict[int, float] = {}
+    in_block: dict[int, tuple[float, float]] = {}
     for block, layer in zip(model.layers, spec.layers, strict=True):
         for p in block.parameters():
-            multiplier[id(p)] = layer.lr_mult
-    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+            in_block[id(p)] = (layer.lr_mult * spec.block_lr_scale, eps * spec.block_eps_scale)
+    groups: dict[tuple[float, float, float], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
         decay = weight_decay if p.ndim >= 2 and name.rsplit(".", 1)[-1] not in no_decay else 0.0
-        groups.setdefault((multiplier.get(id(p), 1.0), decay), []).append(p)
-    return [{"params": params, "lr_mult": mult, "weight_decay": decay} for (mult, decay), params in sorted(groups.items())]
+        mult, group_eps = in_block.get(id(p), (1.0, eps))
+        groups.setdefault((mult, decay, group_eps), []).append(p)
+    return [{"params": params, "lr_mult": mult, "weight_decay": decay, "eps": group_eps}
+            for (mult, decay, group_eps), params in sorted(groups.items())]
 
 
 def make_optimizer(model: nn.Module, spec: ResolvedSpec, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    groups = parameter_groups(model, spec, cfg.weight_decay if cfg.optimizer == "adamw" else 0.0)
+    groups = parameter_groups(model, spec, cfg.weight_decay if cfg.optimizer == "adamw" else 0.0, cfg.eps)
     kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     fused = device.type == "cuda"
     return kind(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)

@@ -93,6 +93,22 @@ CASES += [
     ("DyT alpha zero", GOOD_MODEL + "  dyt_alpha: 0\n", "model.dyt_alpha"),
     ("bias flag as text", GOOD_MODEL + "  qkv_bias: sometimes\n", "model.qkv_bias"),
 ]
+# Layer rules (ramp, pattern) and the CompleteP parametrization.
+CASES += [
+    ("ramp with MIN above MAX", LAYERS + "{ramp: {ffn: [4.0, 0.5]}}\n", "model.layers.ramp.ffn"),
+    ("ramp with one number", LAYERS + "{ramp: {heads: [0.5]}}\n", "model.layers.ramp.heads"),
+    ("ramp with a zero multiplier", LAYERS + "{ramp: {ffn: [0.0, 1.0]}}\n", "model.layers.ramp.ffn"),
+    ("ramp of nothing", LAYERS + "{ramp: {}}\n", "model.layers.ramp"),
+    ("ramp of an unknown field", LAYERS + "{ramp: {width: [1, 2]}}\n", "model.layers.ramp.width"),
+    ("pattern every 0", LAYERS + "{pattern: [{every: 0, set: {window: 8}}]}\n", "model.layers.pattern[0].every"),
+    ("pattern offset outside its period", LAYERS + "{pattern: [{every: 2, offset: 2, set: {window: 8}}]}\n", "model.layers.pattern[0].offset"),
+    ("pattern selecting no layer", LAYERS + "{pattern: [{every: 6, offset: 5, set: {window: 8}}]}\n", "model.layers.pattern[0].offset"),
+    ("pattern setting nothing", LAYERS + "{pattern: [{every: 2, set: {}}]}\n", "model.layers.pattern[0].set"),
+    ("pattern without set", LAYERS + "{pattern: [{every: 2}]}\n", "model.layers.pattern[0].set"),
+    ("completep without base depth", GOOD_MODEL + "  parametrization: completep\n", "model.base_depth"),
+    ("depth alpha outside [0.5, 1]", GOOD_MODEL + "  parametrization: completep\n  base_depth: 2\n  depth_alpha: 0.3\n", "model.depth_alpha"),
+    ("unknown parametrization", GOOD_MODEL + "  parametrization: mup\n", "model.parametrization"),
+]
 
 
 @pytest.mark.parametrize("name,text,needle", CASES, ids=[c[0] for c in CASES])
