@@ -115,18 +115,20 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     return model
 
 
+def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
+    """What keeps `spec` from being a plain `LlamaForCausalLM` (empty when nothing does)."""
+    problems = {
+        f"it is a {spec.family} model": spec.family != "llama",
+        "not every layer is Pre-LN (LlamaForCausalLM has only Pre-LN layers)": any(layer.placement != "pre" for layer in spec.layers),
+        "heads or ffn differ between layers": len({(layer.heads, layer.ffn) for layer in spec.layers}) > 1,
+        "it has no final norm": not spec.final_norm,
+        f"it uses {spec.norm}": spec.norm != "rmsnorm",
+    }
+    return [problem for problem, present in problems.items() if present]
+
+
 def _check_hf_compatible(spec: ResolvedSpec) -> None:
-    problems = []
-    if spec.family != "llama":
-        problems.append(f"it is a {spec.family} model")
-    if any(layer.placement != "pre" for layer in spec.layers):
-        problems.append("not every layer is Pre-LN (LlamaForCausalLM has only Pre-LN layers)")
-    if len({(layer.heads, layer.ffn) for layer in spec.layers}) > 1:
-        problems.append("heads or ffn differ between layers")
-    if not spec.final_norm:
-        problems.append("it has no final norm")
-    if spec.norm != "rmsnorm":
-        problems.append(f"it uses {spec.norm}")
+    problems = hf_llama_problems(spec)
     if problems:
         raise ConversionError("to_hf_llama needs a uniform Pre-LN RMSNorm llama with a final norm, but " + "; ".join(problems))
 
