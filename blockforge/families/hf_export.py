@@ -234,14 +234,15 @@ def usage(spec: ResolvedSpec) -> str:
         "a plain `LlamaForCausalLM` (query and key rows permuted to transformers' RoPE layout)" if plain(spec)
         else "blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`)"
     )
-    return f"""This folder is {kind}; its logits equal `blockforge.load`'s. Training documents each followed an
-end-of-text token; a tokenizer without a bos token of its own was saved with that token as bos, and prepends it.
+    flag = "" if plain(spec) else " (the tokenizer needs the flag only to read config.json)"
+    return f"""This folder is {kind}; its logits equal `blockforge.load`'s{flag}. Every training document followed an
+end-of-text token, so a tokenizer without a bos token of its own was saved with that token as bos and prepends it.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 model = AutoModelForCausalLM.from_pretrained("path/to/this/folder"{remote})
-tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder"{remote})
 inputs = tokenizer("The model", return_tensors="pt")
 print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=False)[0], skip_special_tokens=True))
 

@@ -17,6 +17,22 @@ from blockforge.spec.model import LayerRules, LayerSettings, ModelSpec
 from blockforge.spec.resolve import resolve
 
 
+BLOCK_NAMES = {"attn.in_norm": "norm1", "attn.branch.qkv": "attn.qkv", "attn.branch.proj": "attn.proj",
+               "mlp.in_norm": "norm2", "mlp.branch.fc1": "mlp.fc1", "mlp.branch.fc2": "mlp.fc2"}
+
+
+def timm_names(depth: int, final_norm: bool) -> dict[str, str]:
+    """Every tensor name of a uniform Pre-LN blockforge vit -> its name in timm's VisionTransformer."""
+    names = {"patch_embed.weight": "patch_embed.proj.weight", "patch_embed.bias": "patch_embed.proj.bias",
+             "cls_token": "cls_token", "pos_embed": "pos_embed", "head.weight": "head.weight", "head.bias": "head.bias"}
+    if final_norm:
+        names.update({"final_norm.weight": "norm.weight", "final_norm.bias": "norm.bias"})
+    for i in range(depth):
+        for ours, theirs in BLOCK_NAMES.items():
+            names.update({f"layers.{i}.{ours}.{kind}": f"blocks.{i}.{theirs}.{kind}" for kind in ("weight", "bias")})
+    return names
+
+
 def _structure_problems(timm_model: nn.Module) -> list[str]:
     """What the model has that blockforge's vit does not, read from the modules themselves."""
     blocks = list(getattr(timm_model, "blocks", []))
@@ -76,18 +92,8 @@ def from_timm_vit(timm_model: nn.Module) -> nn.Module:
         )
     )
     model = build_model(spec)
-    for ours, theirs in [("patch_embed.weight", "patch_embed.proj.weight"), ("patch_embed.bias", "patch_embed.proj.bias"),
-                         ("cls_token", "cls_token"), ("pos_embed", "pos_embed"), ("head.weight", "head.weight"), ("head.bias", "head.bias")]:
+    for ours, theirs in timm_names(spec.depth, spec.final_norm).items():
         source.copy_into(model.get_parameter(ours), theirs)
-    if spec.final_norm:
-        source.copy_into(model.final_norm.weight, "norm.weight")
-        source.copy_into(model.final_norm.bias, "norm.bias")
-    pairs = [("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
-             ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2")]
-    for i, block in enumerate(model.layers):
-        for ours, theirs in pairs:
-            for kind in ("weight", "bias"):
-                source.copy_into(block.get_parameter(f"{ours}.{kind}"), f"blocks.{i}.{theirs}.{kind}")
     source.finish()
     model.eval()
     images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))
