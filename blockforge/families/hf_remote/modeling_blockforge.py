@@ -63,6 +63,13 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
+def default_positions(padding: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor:
+    """Positions of the new tokens (B or 1, length): counted over real tokens only when `padding` marks some."""
+    if padding is None:
+        return torch.arange(past, past + length, device=device)[None]
+    return (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+
+
 def visible_keys(padding: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor | None:
     """Which keys each new position sees (B or 1, 1, length, past + length); None for plain causal attention.
 
@@ -210,7 +217,7 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
             cache = DynamicCache(config=self.config)
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=x.device)[None]
+            position_ids = default_positions(attention_mask, past, length, x.device)
         rope = rope_tables(self.head_sizes, position_ids, self.config.rope_theta)
         mask = visible_keys(attention_mask, past, length, x.device)
         states = [x] if output_hidden_states else None
