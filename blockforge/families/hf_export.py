@@ -91,7 +91,7 @@ def exported_tokenizer(native_dir: Path, context: int):
     is saved to prepend that bos when asked for special tokens (`tokenizer(text)`), as those prompts do.
     """
     if not (native_dir / "tokenizer").is_dir():
-        raise ConversionError("the run has no tokenizer/ folder (a text run saves one), so its export could not encode text; retrain it")
+        raise ConversionError("the run has no tokenizer/ folder, which a transformers export ships; put the tokenizer it was trained with there")
     try:
         tokenizer = load_tokenizer(native_dir / "tokenizer")
     except DataError:

@@ -33,6 +33,7 @@ def llama(placement="pre", *, mix=None, overrides=(), **kw):
 def largest_difference(hf_model, folder) -> float:
     ours = blockforge.load(folder)
     tokens = torch.randint(0, VOCAB, (3, 29), generator=torch.Generator().manual_seed(7))
+    tokens[0, :2] = torch.tensor([0, 1])  # end-of-text and pad are ordinary rows of the embedding too
     with torch.no_grad():
         return (hf_model.eval()(tokens).logits - ours(tokens)).abs().max().item()
 
@@ -174,6 +175,17 @@ def test_the_kv_cache_gives_the_logits_of_the_whole_sequence(mix_ln_export):
     torch.testing.assert_close(prefill.logits, full[:, :5], rtol=0, atol=TOL)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 5:], rtol=0, atol=TOL)
     torch.testing.assert_close(old_name, full[:, :5], rtol=0, atol=TOL)
+
+
+def test_labels_give_the_next_token_loss_and_hidden_states_every_block_input(mix_ln_export):
+    src, out = mix_ln_export
+    model = loaded(out, trust_remote_code=True).eval()
+    tokens = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        output = model(tokens, labels=tokens, output_hidden_states=True)
+        expected = torch.nn.functional.cross_entropy(blockforge.load(src)(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    assert output.loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    assert len(output.hidden_states) == len(model.layers) + 1
 
 
 def test_the_text_generation_pipeline_continues_a_prompt(mix_ln_export):
