@@ -22,7 +22,6 @@ from torch import nn
 
 from blockforge.data.tokenizer import load_tokenizer
 from blockforge.errors import DataError
-from blockforge.families import hf_remote
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.llama_hf import hf_llama_problems, to_hf_llama
@@ -33,7 +32,7 @@ from blockforge.nn.norms import NORMS
 from blockforge.spec.model import ResolvedSpec
 
 TOLERANCE = 1e-5  # an export computes what blockforge.load computes
-REMOTE_DIR = Path(hf_remote.__file__).parent
+REMOTE_DIR = Path(__file__).parent / "hf_remote"  # the files shipped into a remote-code export
 REMOTE_FILES = ("configuration_blockforge.py", "modeling_blockforge.py")
 AUTO_MAP = {
     "AutoConfig": "configuration_blockforge.BlockforgeLlamaConfig",
