@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cell", help="search folders: the cell, e.g. depth=12,width=256 (needed when there are several)")
     p.add_argument("--retrain", action="store_true", help="search folders: train the best spec to the full budget first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
+    p.add_argument("--format", choices=["blockforge", "hf", "timm"], default="blockforge",
+                   help="blockforge (read by blockforge.load), hf (transformers: a llama, with its tokenizer) or timm (a uniform Pre-LN vit)")
     p.set_defaults(func=run)
 
 
@@ -23,12 +25,12 @@ def run(args: argparse.Namespace) -> int:
     if (source / "search.json").exists():
         from blockforge.search.best import export_best
 
-        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress)
+        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format)
     else:
         if args.cell or args.retrain:
             from blockforge.errors import BlockforgeError
 
             raise BlockforgeError(f"{source}: --cell and --retrain apply to a search folder, and this is not one (no search.json)")
-        out = export_run(source, args.out)
-    print(f"exported to {out}")
+        out = export_run(source, args.out, format=args.format)
+    print(f"exported to {out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
     return 0

@@ -26,8 +26,9 @@ class ConversionError(BlockforgeError):
 class TensorSource:
     """The tensors (parameters and buffers, by name) of the model being converted."""
 
-    def __init__(self, model: nn.Module, what: str, *, ignore: Callable[[str], bool] = lambda name: False):
+    def __init__(self, model: nn.Module, what: str, *, ignore: Callable[[str], bool] = lambda name: False, into: str = "blockforge's model"):
         self.what = what
+        self.into = into  # the model the tensors go into, for messages
         self.tensors = dict(model.named_parameters(remove_duplicate=False))
         self.tensors.update(model.named_buffers(remove_duplicate=False))
         self.left = {name for name in self.tensors if not ignore(name)}
@@ -37,7 +38,7 @@ class TensorSource:
 
     def take(self, name: str) -> torch.Tensor:
         if name not in self.tensors:
-            raise ConversionError(f"{self.what} has no tensor '{name}', which blockforge's model needs; it is built differently")
+            raise ConversionError(f"{self.what} has no tensor '{name}', which {self.into} needs; it is built differently")
         self.left.discard(name)
         return self.tensors[name]
 
@@ -46,7 +47,7 @@ class TensorSource:
         tensor = self.take(name)
         if tensor.shape != target.shape:
             raise ConversionError(
-                f"{self.what}'s tensor '{name}' has shape {tuple(tensor.shape)} where blockforge's model has {tuple(target.shape)}; "
+                f"{self.what}'s tensor '{name}' has shape {tuple(tensor.shape)} where {self.into} has {tuple(target.shape)}; "
                 "it is built differently (extra tokens, another layout)"
             )
         with torch.no_grad():
@@ -58,12 +59,15 @@ class TensorSource:
             names = sorted(self.left)
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             raise ConversionError(
-                f"{self.what} has tensors blockforge does not model ({', '.join(names[:3])}{more}); refusing rather than dropping them"
+                f"{self.what} has tensors {self.into} does not hold ({', '.join(names[:3])}{more}); refusing rather than dropping them"
             )
 
 
 @torch.no_grad()
-def check_same_outputs(ours: torch.Tensor, theirs: torch.Tensor, what: str, tolerance: float = TOLERANCE) -> float:
+def check_same_outputs(
+    ours: torch.Tensor, theirs: torch.Tensor, what: str, tolerance: float = TOLERANCE, *,
+    cause: str = "so it uses something blockforge does not model",
+) -> float:
     """The largest |difference| between two models' outputs on the same input; refused above `tolerance`."""
     if ours.shape != theirs.shape:
         raise ConversionError(f"{what}: the converted model's output has shape {tuple(ours.shape)}, the original's {tuple(theirs.shape)}")
@@ -71,7 +75,7 @@ def check_same_outputs(ours: torch.Tensor, theirs: torch.Tensor, what: str, tole
     if not difference <= tolerance:
         raise ConversionError(
             f"{what}: the converted model's outputs differ from the original's by {difference:.3g} (more than {tolerance:g}) on a "
-            "random input, so it uses something blockforge does not model; refused"
+            f"random input, {cause}; refused"
         )
     return difference
 

@@ -149,8 +149,8 @@ def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str, what: s
     copy_weight(target, tensor)
 
 
-def _hf_problems(spec: ResolvedSpec) -> list[str]:
-    """What keeps `spec` from being a plain LlamaForCausalLM."""
+def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
+    """What keeps `spec` from being a plain `LlamaForCausalLM` (empty when nothing does)."""
     layer0 = spec.layers[0]
     same = ("heads", "kv_heads", "head_dim", "ffn", "window", "norm", "qk_norm", "v_norm", "layer_scale")
     checks = {
@@ -173,7 +173,7 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec: ResolvedSpec = model.spec
-    problems = _hf_problems(spec)
+    problems = hf_llama_problems(spec)
     if problems:
         raise ConversionError("to_hf_llama needs what LlamaForCausalLM computes (uniform Pre-LN RMSNorm layers, a final norm), but " + "; ".join(problems))
     layer0 = spec.layers[0]

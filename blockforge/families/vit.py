@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from blockforge.families.timm_export import TIMM_FORMAT
 from blockforge.families.vit_timm import from_timm_vit
 from blockforge.data.images import build_image_dataset
 from blockforge.errors import SpecError
@@ -41,5 +42,5 @@ VIT = register_family(Family(
     name="vit", default_norm="layernorm", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
     unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", causal=False, default_bias=True, no_decay=("pos_embed", "cls_token"),
     check=check, build=ViT, loss=image_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
-    converters={"from_timm": from_timm_vit},
+    converters={"from_timm": from_timm_vit}, exports={"timm": TIMM_FORMAT},
 ))

@@ -1,7 +1,8 @@
 """Weights from a timm `VisionTransformer`: class token, learned positions, GELU MLP, LayerNorm, a class head.
 
-Options blockforge's vit does not model (layer scale, q/k norm, register or distillation tokens, extra
-norms, other activations or MLPs, pooling other than the class token) are refused by name, never
+q/k norms, layer scales and bias-free projections convert; options blockforge's vit does not model
+(register or distillation tokens, extra norms, other activations or MLPs, pooling other than the class
+token, position embeddings without the class token) are refused by name, never
 dropped: every tensor of the source is mapped or refused, and the result is checked against the
 source on random images (families/conversion.py).
 """
@@ -15,6 +16,30 @@ from blockforge.families.conversion import ConversionError, TensorSource, check_
 from blockforge.nn.build import build_model
 from blockforge.spec.model import LayerRules, LayerSettings, ModelSpec
 from blockforge.spec.resolve import resolve
+
+
+BLOCK_NAMES = {"attn.in_norm": "norm1", "attn.branch.qkv": "attn.qkv", "attn.branch.proj": "attn.proj",
+               "mlp.in_norm": "norm2", "mlp.branch.fc1": "mlp.fc1", "mlp.branch.fc2": "mlp.fc2"}
+
+
+def timm_names(spec) -> dict[str, str]:
+    """Every tensor name of a uniform Pre-LN blockforge vit -> its name in timm's VisionTransformer
+    (q/k norms, layer scales and biases as the spec has them)."""
+    names = {"patch_embed.weight": "patch_embed.proj.weight", "patch_embed.bias": "patch_embed.proj.bias",
+             "cls_token": "cls_token", "pos_embed": "pos_embed", "head.weight": "head.weight", "head.bias": "head.bias"}
+    if spec.final_norm:
+        names.update({"final_norm.weight": "norm.weight", "final_norm.bias": "norm.bias"})
+    has_bias = {"attn.branch.qkv": spec.qkv_bias, "attn.branch.proj": spec.proj_bias, "mlp.branch.fc1": spec.mlp_bias, "mlp.branch.fc2": spec.mlp_bias}
+    for i, layer in enumerate(spec.layers):
+        block = dict(BLOCK_NAMES)
+        if layer.qk_norm:
+            block.update({"attn.branch.q_norm": "attn.q_norm", "attn.branch.k_norm": "attn.k_norm"})
+        for ours, theirs in block.items():
+            kinds = ("weight", "bias") if has_bias.get(ours, True) else ("weight",)
+            names.update({f"layers.{i}.{ours}.{kind}": f"blocks.{i}.{theirs}.{kind}" for kind in kinds})
+        if layer.layer_scale is not None:
+            names.update({f"layers.{i}.attn.layer_scale": f"blocks.{i}.ls1.gamma", f"layers.{i}.mlp.layer_scale": f"blocks.{i}.ls2.gamma"})
+    return names
 
 
 def _structure_problems(timm_model: nn.Module) -> list[str]:
@@ -79,25 +104,8 @@ def from_timm_vit(timm_model: nn.Module) -> nn.Module:
         )
     )
     model = build_model(spec)
-    for ours, theirs in [("patch_embed.weight", "patch_embed.proj.weight"), ("patch_embed.bias", "patch_embed.proj.bias"),
-                         ("cls_token", "cls_token"), ("pos_embed", "pos_embed"), ("head.weight", "head.weight"), ("head.bias", "head.bias")]:
+    for ours, theirs in timm_names(spec).items():
         source.copy_into(model.get_parameter(ours), theirs)
-    if spec.final_norm:
-        source.copy_into(model.final_norm.weight, "norm.weight")
-        source.copy_into(model.final_norm.bias, "norm.bias")
-    pairs = [("attn.in_norm", "norm1"), ("attn.branch.qkv", "attn.qkv"), ("attn.branch.proj", "attn.proj"),
-             ("mlp.in_norm", "norm2"), ("mlp.branch.fc1", "mlp.fc1"), ("mlp.branch.fc2", "mlp.fc2")]
-    if spec.layers[0].qk_norm:
-        pairs += [("attn.branch.q_norm", "attn.q_norm"), ("attn.branch.k_norm", "attn.k_norm")]
-    for i, block in enumerate(model.layers):
-        for ours, theirs in pairs:
-            for kind in ("weight", "bias"):
-                if ours.endswith(("qkv", "proj", "fc1", "fc2")) and getattr(block.get_submodule(ours), kind) is None:
-                    continue  # a layout without that bias (checked against the source's tensors when the spec was read)
-                source.copy_into(block.get_parameter(f"{ours}.{kind}"), f"blocks.{i}.{theirs}.{kind}")
-        if spec.layers[i].layer_scale is not None:
-            source.copy_into(block.attn.layer_scale, f"blocks.{i}.ls1.gamma")
-            source.copy_into(block.mlp.layer_scale, f"blocks.{i}.ls2.gamma")
     source.finish()
     model.eval()
     images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))

@@ -25,9 +25,12 @@ def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
     raise BlockforgeError(f"--cell {wanted}: no such cell in {search_dir}; choose one of: {'; '.join(cells)}")
 
 
-def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True) -> Path:
-    """Export cell `cell`'s winner: the best mean over its replicates after confirmation (its base-seed run)."""
-    from blockforge.export import export_run
+def export_best(
+    search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
+) -> Path:
+    """Export cell `cell`'s winner: the best mean over its replicates after confirmation (its base-seed run), in `format`."""
+    from blockforge.export import check_export_format, export_run
+    from blockforge.spec.serialize import load_spec
     from blockforge.search.report import candidate_table, evidence_by_cell
     from blockforge.train.loop import Trainer
 
@@ -49,6 +52,7 @@ def export_best(search_dir: str | Path, out: str | Path, *, cell: str | None = N
             raise BlockforgeError(f"{search_dir}: cell {name} has no completed or pruned trial to export; resume the search first")
         best = min(pruned, key=lambda r: (-r.steps, sign * r.value))
         seed, searched, run_dir, full = best.seed, best.overrides, Path(best.run_dir), False
+    check_export_format(format, load_spec(run_dir / "spec.yaml"))  # refused before any retraining
     if retrain or not full:
         # A partial (pruned) best, or an explicit request: train the best spec to the full budget.
         recipe = plan.recipe(plan.seed_overrides(name, searched, seed))
@@ -84,4 +88,4 @@ Verdict against Pre-LN: **{evidence.verdict}** ({'; '.join(filter(None, [evidenc
 
 {trials}
 """
-    return export_run(run_dir, out, extra_card=extra)
+    return export_run(run_dir, out, extra_card=extra, format=format)

@@ -39,6 +39,7 @@ class Family:
     example_batch: Callable[..., Any] | None = None  # example_batch(resolved spec, batch size, device, dtype) -> batch
     model_inputs: Callable[..., Any] | None = None  # model_inputs(batch, pad_id) -> (what forward takes, mask of real tokens or None)
     converters: dict[str, Callable[..., Any]] = field(default_factory=dict)  # e.g. {"from_hf": ..., "to_hf": ...}
+    exports: dict[str, Any] = field(default_factory=dict)  # other libraries' folder formats: {"hf": ExportFormat} (families/formats.py)
 
     def samples_to_items(self, spec: Any) -> int:
         """Tokens (or images) per training sample, for throughput."""

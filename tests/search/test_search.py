@@ -142,6 +142,18 @@ def test_export_best_of_a_cell(tmp_path, ray_session, capsys):
     model = blockforge.export.load(tmp_path / "model")
     assert model.spec.depth == 3
     assert model(torch.randint(0, 300, (1, 8))).shape == (1, 8, 300)
+    # The same winner for transformers; a vit-only format is refused before anything is retrained.
+    assert main(["export", str(tmp_path / "out"), "--cell", "depth=3", "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    tokens = torch.randint(0, 300, (2, 8))
+    with torch.no_grad():
+        assert (hf_model(tokens).logits - model(tokens)).abs().max().item() <= 1e-5
+    assert "## Search" in (tmp_path / "hf" / "README.md").read_text()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "out"), "--cell", "depth=3", "--out", str(tmp_path / "t"), "--format", "timm", "--retrain"]) == 2
+    assert "--format timm exports vit models" in capsys.readouterr().err and not (tmp_path / "out" / "retrain").exists()
 
 
 @pytest.mark.parametrize("change,needle", [

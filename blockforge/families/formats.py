@@ -1,0 +1,63 @@
+"""What the export formats of other libraries share (`blockforge export --format hf|timm`).
+
+A family offers a format with an `ExportFormat` in its registration (`Family.exports`). blockforge.export
+writes the native export first, then hands the loaded model and that folder to `write`. A format writes
+into a staging folder inside the destination, loads what it wrote with the other library, compares the
+outputs with blockforge's, and only then moves the files into place, so a refused export leaves no
+half-written model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from torch import nn
+
+from blockforge.spec.model import ResolvedSpec
+
+RECORDS = ("recipe.yaml", "metrics.json")  # the native export's records, kept beside the converted model
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    name: str  # the --format value
+    library: str  # for messages: "transformers", "timm"
+    check: Callable[[ResolvedSpec], None]  # refuses a spec the format cannot hold, before anything is written
+    usage: Callable[[ResolvedSpec], str]  # the model card's "how to load it" section
+    write: Callable[[nn.Module, Path, Path, str], None]  # write(model, native export folder, out folder, card)
+
+
+@contextmanager
+def staging(out_dir: Path) -> Iterator[Path]:
+    """A scratch folder inside `out_dir` (same file system, so publishing is a rename), removed afterwards."""
+    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def copy_records(native_dir: Path, stage: Path) -> None:
+    for name in RECORDS:
+        if (native_dir / name).is_file():
+            shutil.copyfile(native_dir / name, stage / name)
+
+
+def publish(stage: Path, out_dir: Path) -> None:
+    """Move every file of `stage` into `out_dir`, each flushed to disk first, then renamed over its name."""
+    for file in sorted(stage.iterdir()):
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(file, out_dir / file.name)
+
+
+def front_matter(**fields: str) -> str:
+    """The YAML header of a Hugging Face model card."""
+    lines = [f"{key}: {value}" for key, value in fields.items()]
+    return "---\n" + "\n".join(lines) + "\n---\n\n"

@@ -1,0 +1,254 @@
+"""`--format hf`: an exported llama as a transformers folder (config.json, model.safetensors, tokenizer, card).
+
+A uniform Pre-LN RMSNorm llama with a final norm and the same heads and ffn in every layer becomes a
+plain `LlamaForCausalLM` (families/llama_hf.py). Every other llama keeps blockforge's parameter names
+and ships hf_remote/'s configuration and modeling files, registered in config.json's `auto_map` and
+loaded with `trust_remote_code=True`; its config holds the resolved spec as read from the modules.
+
+The tokenizer goes to the top of the folder, with the model's bos, eos and pad ids taken from it.
+Before the files are moved into place, the staged folder is loaded back with transformers: every
+weight must load (none newly initialized) and the logits must equal blockforge's within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from blockforge.data.tokenizer import load_tokenizer
+from blockforge.errors import DataError
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
+from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
+from blockforge.families.llama_hf import hf_llama_problems, to_hf_llama
+from blockforge.nn.attention import Attention
+from blockforge.nn.block import Residual
+from blockforge.nn.mlp import SwiGLU
+from blockforge.nn.norms import NORMS
+from blockforge.spec.model import ResolvedSpec
+
+TOLERANCE = 1e-5  # an export computes what blockforge.load computes
+REMOTE_DIR = Path(__file__).parent / "hf_remote"  # the files shipped into a remote-code export
+REMOTE_FILES = ("configuration_blockforge.py", "modeling_blockforge.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_blockforge.BlockforgeLlamaConfig",
+    "AutoModelForCausalLM": "modeling_blockforge.BlockforgeForCausalLM",
+}
+REMOTE_NORMS = ("rmsnorm", "layernorm")  # what the modeling file holds
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    bos: int
+    eos: int
+    pad: int
+
+    def config(self) -> dict:
+        return {"bos_token_id": self.bos, "eos_token_id": self.eos, "pad_token_id": self.pad}
+
+
+def check(spec: ResolvedSpec) -> None:
+    if spec.norm not in REMOTE_NORMS:
+        raise ConversionError(
+            f"--format hf holds {' and '.join(REMOTE_NORMS)} llamas, and this one uses {spec.norm}; "
+            "export it with --format blockforge, which blockforge.load reads"
+        )
+
+
+def plain(spec: ResolvedSpec) -> bool:
+    """Whether the export is a plain LlamaForCausalLM (else it ships its modeling file)."""
+    return not hf_llama_problems(spec)
+
+
+def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
+    """The transformers folder of `model` (loaded from the native export `native_dir`) in `out_dir`."""
+    tokenizer, ids = exported_tokenizer(native_dir, model.spec.context)
+    with staging(out_dir) as stage:
+        if plain(model.spec):
+            hf_model, model_class = plain_llama(model, ids), None
+        else:
+            hf_model, model_class = remote_llama(model, ids), remote_class()
+            for name in REMOTE_FILES:
+                shutil.copyfile(REMOTE_DIR / name, stage / name)
+        hf_model.save_pretrained(stage)
+        tokenizer.save_pretrained(stage)
+        copy_records(native_dir, stage)
+        (stage / "README.md").write_text(front_matter(library_name="transformers", pipeline_tag="text-generation", tags="[blockforge]") + card)
+        verify(stage, model, model_class, ids)
+        publish(stage, out_dir)
+
+
+def exported_tokenizer(native_dir: Path, context: int):
+    """The run's tokenizer, prepared for the export, and the ids the model config takes from it.
+
+    Without a bos token of its own, the end-of-text token becomes bos (every training document and every
+    `blockforge generate` prompt starts after it); when the tokenizer adds no special tokens otherwise, it
+    is saved to prepend that bos when asked for special tokens (`tokenizer(text)`), as those prompts do.
+    """
+    if not (native_dir / "tokenizer").is_dir():
+        raise ConversionError("the run has no tokenizer/ folder, which a transformers export ships; put the tokenizer it was trained with there")
+    try:
+        tokenizer = load_tokenizer(native_dir / "tokenizer")
+    except DataError:
+        raise ConversionError("the run's tokenizer/ folder cannot be read, so its export could not encode text; check that folder") from None
+    hf = tokenizer.hf
+    if hf.bos_token is None:
+        hf.bos_token = hf.convert_ids_to_tokens(tokenizer.eos_id)
+        if adds_no_tokens(hf):
+            hf.add_bos_token = True
+            hf.init_kwargs["add_bos_token"] = True  # saved, so a reload rebuilds the same post-processor
+    hf.init_kwargs.pop("local_files_only", None)  # how blockforge read it, not a property of the tokenizer
+    hf.model_max_length = context
+    return hf, TokenIds(bos=hf.bos_token_id, eos=tokenizer.eos_id, pad=tokenizer.pad_id)
+
+
+def adds_no_tokens(hf) -> bool:
+    """Whether the tokenizer's post-processor leaves encodings as they are (blockforge's own BPE)."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    processor = json.loads(backend.to_str()).get("post_processor")
+    return processor is None or (processor.get("type") == "TemplateProcessing" and not processor.get("special_tokens"))
+
+
+def plain_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
+    hf_model = to_hf_llama(model)
+    for key, value in ids.config().items():
+        setattr(hf_model.config, key, value)
+        setattr(hf_model.generation_config, key, value)
+    return hf_model
+
+
+def remote_class():
+    from blockforge.families.hf_remote.modeling_blockforge import BlockforgeForCausalLM
+
+    return BlockforgeForCausalLM
+
+
+def remote_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
+    """The modeling file's model with `model`'s weights: every tensor copied under its own name, then compared."""
+    from blockforge.families.hf_remote.configuration_blockforge import BlockforgeLlamaConfig
+
+    config = BlockforgeLlamaConfig(**remote_config(model), **ids.config(), auto_map=dict(AUTO_MAP))
+    hf_model = remote_class()(config)
+    source = TensorSource(model, "this blockforge llama", into="the transformers model")
+    targets = dict(hf_model.named_parameters(remove_duplicate=False))
+    targets.update(hf_model.named_buffers(remove_duplicate=False))
+    for name, tensor in targets.items():
+        source.copy_into(tensor, name)
+    source.finish()
+    hf_model.generation_config.update(**ids.config())
+    hf_model.eval()
+    tokens = random_tokens(model.spec)
+    with torch.no_grad():
+        check_same_outputs(hf_model(tokens).logits, model(tokens), "the transformers export", TOLERANCE, cause=CAUSE)
+    return hf_model
+
+
+CAUSE = "so the exported folder would not compute what blockforge.load computes"
+
+
+def remote_config(model: nn.Module) -> dict:
+    """The modeling file's configuration of `model`, read from its modules (refused where they hold something else)."""
+    spec: ResolvedSpec = model.spec
+    head_bias = model.head.bias is not None
+    if head_bias:
+        raise ConversionError("this llama's head has a bias, which the transformers modeling file does not hold")
+    layers = [
+        {"placement": layer.placement, **block_shape(block, f"layers.{layer.index}"),
+         "attn": sublayer(block.attn, f"layers.{layer.index}.attn", spec), "mlp": sublayer(block.mlp, f"layers.{layer.index}.mlp", spec)}
+        for block, layer in zip(model.layers, spec.layers, strict=True)
+    ]
+    return {
+        "vocab_size": model.embed.num_embeddings,
+        "hidden_size": model.embed.embedding_dim,
+        "max_position_embeddings": spec.context,
+        "norm": spec.norm,
+        "norm_eps": spec.norm_eps,
+        "final_norm": norm_slot(model.final_norm, "final_norm", spec),
+        "rope_theta": spec.rope_theta,
+        "tie_word_embeddings": model.head.weight is model.embed.weight,
+        "layers": layers,
+        "blockforge_arch_hash": spec.arch_hash(),
+    }
+
+
+def block_shape(block: nn.Module, where: str) -> dict:
+    attn, mlp = block.attn.branch, block.mlp.branch
+    if type(attn) is not Attention or attn.qkv.bias is not None or attn.proj.bias is not None:
+        raise ConversionError(f"{where}.attn is not bias-free rotary attention, which is all the transformers modeling file holds")
+    if type(mlp) is not SwiGLU or mlp.gate_up.bias is not None or mlp.down.bias is not None:
+        raise ConversionError(f"{where}.mlp is not a bias-free SwiGLU, which is all the transformers modeling file holds")
+    return {"heads": attn.heads, "ffn": mlp.down.in_features}
+
+
+def sublayer(residual: Residual, where: str, spec: ResolvedSpec) -> dict:
+    return {
+        "in_norm": norm_slot(residual.in_norm, f"{where}.in_norm", spec),
+        "branch_norm": norm_slot(residual.branch_norm, f"{where}.branch_norm", spec),
+        "out_norm": norm_slot(residual.out_norm, f"{where}.out_norm", spec),
+        "residual_scale": float(residual.residual_scale),
+        "input_scale": float(residual.input_scale),
+    }
+
+
+def norm_slot(module: nn.Module, where: str, spec: ResolvedSpec) -> bool:
+    """Whether the slot holds the spec's norm (False: empty); anything else is refused by name."""
+    if isinstance(module, nn.Identity):
+        return False
+    if type(module) is NORMS[spec.norm] and module.eps == spec.norm_eps:
+        return True
+    raise ConversionError(f"{where} is a {type(module).__name__} where the transformers modeling file holds {spec.norm} (eps {spec.norm_eps:g}) or nothing")
+
+
+def random_tokens(spec: ResolvedSpec) -> torch.Tensor:
+    return torch.randint(0, spec.vocab, (2, min(16, spec.context)), generator=torch.Generator().manual_seed(0))
+
+
+def verify(stage: Path, model: nn.Module, model_class, ids: TokenIds) -> None:
+    """Load the staged folder as a user will, and refuse unless every weight loads and the logits agree."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    loaded, info = (model_class or LlamaForCausalLM).from_pretrained(stage, output_loading_info=True)
+    problems = {key: sorted(value)[:3] for key, value in info.items() if value}
+    if problems:
+        raise ConversionError(f"the written transformers folder does not load cleanly ({problems}); refused")
+    tokens = random_tokens(model.spec)
+    with torch.no_grad():
+        check_same_outputs(loaded.eval()(tokens).logits, model(tokens), "the written transformers folder", TOLERANCE, cause=CAUSE)
+    tokenizer = AutoTokenizer.from_pretrained(stage, config=loaded.config)  # the config given: no remote-code question
+    saved = TokenIds(bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+    configured = TokenIds(bos=loaded.config.bos_token_id, eos=loaded.config.eos_token_id, pad=loaded.config.pad_token_id)
+    if not saved == configured == ids:
+        raise ConversionError(f"the written tokenizer's ids {saved} differ from the model config's {configured}; refused")
+
+
+def usage(spec: ResolvedSpec) -> str:
+    remote = "" if plain(spec) else ", trust_remote_code=True"
+    kind = (
+        "a plain `LlamaForCausalLM` (query and key rows permuted to transformers' RoPE layout)" if plain(spec)
+        else "blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`)"
+    )
+    flag = "" if plain(spec) else " (the tokenizer needs the flag only to read config.json)"
+    return f"""This folder is {kind}; its logits equal `blockforge.load`'s{flag}. Every training document followed an
+end-of-text token, so a tokenizer without a bos token of its own was saved with that token as bos and prepends it.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+model = AutoModelForCausalLM.from_pretrained("path/to/this/folder"{remote})
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder"{remote})
+inputs = tokenizer("The model", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=False)[0], skip_special_tokens=True))
+
+generator = pipeline("text-generation", model="path/to/this/folder"{remote})
+print(generator("The model", max_new_tokens=40)[0]["generated_text"])
+```
+"""
+
+
+HF_FORMAT = ExportFormat(name="hf", library="transformers", check=check, usage=usage, write=write)

@@ -1,0 +1,180 @@
+"""`--format timm`: a uniform Pre-LN vit as timm `VisionTransformer` weights (model.safetensors + config.json + card).
+
+config.json is in timm's hub layout (architecture, model_args, pretrained_cfg), so the folder loads with
+`timm.create_model("local-dir:FOLDER", pretrained=True)`, or by name with the weights file given in
+`pretrained_cfg_overlay`. Every tensor is renamed to timm's (families/vit_timm.timm_names) or the export
+is refused by name; the staged folder is loaded back with timm, strictly, and refused unless its logits
+equal blockforge's within 1e-4. A vit timm's VisionTransformer cannot hold (another placement, Mix-LN,
+per-layer heads or ffn, RMSNorm, another eps) is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
+from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
+from blockforge.families.vit_timm import timm_names
+from blockforge.spec.model import ResolvedSpec
+
+ARCHITECTURE = "vit_base_patch16_224"  # a plain registered ViT; model_args override every size it names
+TIMM_EPS = 1e-6  # the LayerNorm eps of timm's VisionTransformer
+CAUSE = "so the timm folder would not compute what blockforge.load computes"
+
+
+def spec_problems(spec: ResolvedSpec) -> list[str]:
+    placements = sorted({layer.placement_name for layer in spec.layers})
+    per_layer = ("heads", "kv_heads", "head_dim", "ffn", "norm", "qk_norm", "v_norm", "layer_scale")
+    differ = [key for key in per_layer if len({getattr(layer, key) is not None if key == "layer_scale" else getattr(layer, key)
+                                               for layer in spec.layers}) > 1]
+    layer = spec.layers[0]
+    problems = {
+        f"placements {', '.join(placements)} (timm has Pre-LN blocks only)": placements != ["pre"],
+        f"{', '.join(differ)} that differ between layers": bool(differ),
+        f"{layer.norm} norms": spec.norm != "layernorm" or layer.norm != "layernorm",
+        f"norm eps {spec.norm_eps:g} (timm uses {TIMM_EPS:g})": spec.norm_eps != TIMM_EPS,
+        "grouped-query attention or a head_dim of its own": layer.kv_heads != layer.heads or layer.head_dim * layer.heads != spec.width,
+        "value norms": layer.v_norm,
+        "an MLP bias setting unlike the attention output's (timm's proj_bias sets both)": spec.proj_bias != spec.mlp_bias,
+    }
+    return [problem for problem, present in problems.items() if present]
+
+
+def check(spec: ResolvedSpec) -> None:
+    problems = spec_problems(spec)
+    if problems:
+        raise ConversionError(
+            f"--format timm: timm's VisionTransformer cannot hold this vit ({'; '.join(problems)}); "
+            "export it with --format blockforge, which blockforge.load reads"
+        )
+
+
+def model_args(spec: ResolvedSpec) -> dict:
+    """timm.create_model keyword arguments that build the same architecture."""
+    width, ffn = spec.width, spec.layers[0].ffn
+    return {
+        "img_size": spec.image_size, "patch_size": spec.patch_size, "in_chans": spec.channels, "num_classes": spec.classes,
+        "embed_dim": width, "depth": spec.depth, "num_heads": spec.layers[0].heads, "mlp_ratio": mlp_ratio(width, ffn),
+        "final_norm": spec.final_norm, "qkv_bias": spec.qkv_bias, "proj_bias": spec.proj_bias, "qk_norm": spec.layers[0].qk_norm,
+        # timm builds LayerScale only with init_values; the loaded gammas replace this value.
+        **({"init_values": 1.0} if spec.layers[0].layer_scale is not None else {}),
+    }
+
+
+def mlp_ratio(width: int, ffn: int) -> float:
+    """A ratio for which timm's int(width * ratio) is exactly `ffn`."""
+    ratio = ffn / width
+    if int(width * ratio) != ffn:
+        ratio = float(torch.nextafter(torch.tensor(ratio, dtype=torch.float64), torch.tensor(float("inf"), dtype=torch.float64)))
+    if int(width * ratio) != ffn:
+        raise ConversionError(f"--format timm: no mlp_ratio gives timm an MLP of {ffn} for width {width}; export with --format blockforge")
+    return ratio
+
+
+def config(spec: ResolvedSpec) -> dict:
+    """config.json in timm's hub layout."""
+    return {
+        "architecture": ARCHITECTURE,
+        "num_classes": spec.classes,
+        "num_features": spec.width,
+        "global_pool": "token",
+        "model_args": model_args(spec),
+        "pretrained_cfg": {
+            "input_size": [spec.channels, spec.image_size, spec.image_size],
+            "fixed_input_size": True,
+            "num_classes": spec.classes,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+        },
+        "blockforge_arch_hash": spec.arch_hash(),
+    }
+
+
+def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
+    """The timm folder of `model` (loaded from the native export `native_dir`) in `out_dir`."""
+    spec: ResolvedSpec = model.spec
+    tensors = timm_tensors(model)
+    with staging(out_dir) as stage:
+        save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
+        (stage / "config.json").write_text(json.dumps(config(spec), indent=2) + "\n")
+        copy_records(native_dir, stage)
+        (stage / "README.md").write_text(front_matter(library_name="timm", pipeline_tag="image-classification", tags="[blockforge]") + card)
+        verify(stage, model)
+        publish(stage, out_dir)
+
+
+def timm_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of `model` under timm's name, each taken exactly once (else refused by name)."""
+    spec: ResolvedSpec = model.spec
+    source = TensorSource(model, "this blockforge vit", into="timm's VisionTransformer")
+    tensors = {}
+    for ours, theirs in timm_names(spec).items():
+        tensors[theirs] = source.take(ours).detach().to("cpu", torch.float32).contiguous()
+    source.finish()
+    return tensors
+
+
+def create_by_name(stage: Path, spec: ResolvedSpec) -> nn.Module:
+    """The documented by-name call: the weights file in the overlay, with the classes (else timm drops the head)."""
+    import timm
+
+    overlay = {"file": str(stage / "model.safetensors"), "num_classes": spec.classes,
+               "input_size": (spec.channels, spec.image_size, spec.image_size)}
+    return timm.create_model(ARCHITECTURE, pretrained=True, pretrained_cfg_overlay=overlay, **model_args(spec))
+
+
+def verify(stage: Path, model: nn.Module) -> None:
+    """Both documented ways of loading the staged folder load every tensor (strictly) and give blockforge's logits."""
+    import timm
+
+    spec: ResolvedSpec = model.spec
+    images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(images)
+        for load in (lambda: create_by_name(stage, spec), lambda: timm.create_model(f"local-dir:{stage}", pretrained=True)):
+            try:
+                loaded = load()
+            except RuntimeError as err:  # timm's strict load: missing or unexpected keys, other shapes
+                raise ConversionError(f"timm does not load the written folder ({str(err).splitlines()[0]}); refused") from None
+            strict_reload(loaded, stage)
+            check_same_outputs(loaded.eval()(images), expected, "the written timm folder", cause=CAUSE)
+
+
+def strict_reload(loaded: nn.Module, stage: Path) -> None:
+    """Refuse unless the weights file and the timm model hold exactly the same tensor names and shapes."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(stage / "model.safetensors"))
+    held = loaded.state_dict()
+    missing, unexpected = sorted(set(held) - set(saved)), sorted(set(saved) - set(held))
+    misshapen = sorted(name for name in set(held) & set(saved) if held[name].shape != saved[name].shape)
+    if missing or unexpected or misshapen:
+        raise ConversionError(f"the written timm folder does not match timm's model (missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                              f"other shapes {misshapen[:3]}); refused")
+    if not all(torch.equal(held[name].cpu(), saved[name]) for name in saved):
+        raise ConversionError("timm changed tensors while loading the written folder; refused")
+
+
+def usage(spec: ResolvedSpec) -> str:
+    args = ", ".join(f"{key}={value!r}" for key, value in model_args(spec).items())
+    return f"""This folder is timm `VisionTransformer` weights (config.json in timm's hub layout); its logits equal `blockforge.load`'s.
+Feed images normalized as in training (see Data below).
+
+```python
+import timm
+
+model = timm.create_model("local-dir:path/to/this/folder", pretrained=True)
+# or by name, every size given (num_classes in the overlay too, else timm drops the head):
+model = timm.create_model("{ARCHITECTURE}", pretrained=True,
+                          pretrained_cfg_overlay=dict(file="path/to/this/folder/model.safetensors", num_classes={spec.classes}),
+                          {args})
+```
+"""
+
+
+TIMM_FORMAT = ExportFormat(name="timm", library="timm", check=check, usage=usage, write=write)

@@ -1,0 +1,48 @@
+"""Export tests start from a model folder written here (seeded weights with norms away from 1, a small BPE), so they take seconds."""
+
+import pytest
+import torch
+
+import blockforge
+from blockforge.data.tokenizer import train_bpe, wrap_bpe
+from blockforge.spec.serialize import save_spec
+from blockforge.train.checkpoint import save_weights
+from tiny_data import write_corpus
+
+VOCAB = 300
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """Loading an export never reaches the Hugging Face hub."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="session")
+def bpe(tmp_path_factory):
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", documents=60)
+    return wrap_bpe(train_bpe(corpus.read_text().split("\n\n"), VOCAB), f"bpe-{VOCAB}")
+
+
+@pytest.fixture
+def model_folder(tmp_path, bpe):
+    """model_folder(spec, name, tokenizer=True) -> a folder blockforge.load and export_run read, as a run's export."""
+
+    def make(spec, name: str = "model", tokenizer: bool = True):
+        model = blockforge.build_model(spec, seed=0)
+        with torch.no_grad():  # norm weights away from 1 and biases away from 0: a tensor left behind shows in the logits
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.uniform_(0.5, 1.5) if pname.endswith("weight") else p.normal_(0, 0.1)
+        folder = tmp_path / name
+        folder.mkdir()
+        save_weights(model, folder / "model.safetensors")
+        save_spec(model.spec, folder / "spec.yaml")
+        if tokenizer:
+            bpe.save(folder / "tokenizer")
+        return folder
+
+    return make

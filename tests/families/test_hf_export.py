@@ -1,0 +1,269 @@
+"""`--format hf`: every llama loads with transformers and computes blockforge.load's logits; its tokenizer and generation work."""
+
+import ast
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaForCausalLM, pipeline
+
+import blockforge
+from blockforge.cli import main
+from blockforge.errors import BlockforgeError
+from blockforge.export import export_run
+from blockforge.families import hf_export
+from blockforge.families.conversion import ConversionError
+from blockforge.spec import ModelSpec
+from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixLN
+
+
+TOL = 1e-5  # an export computes what blockforge.load computes
+VOCAB = 300  # the BPE of conftest.py
+
+
+def llama(placement="pre", *, mix=None, overrides=(), **kw):
+    layers = LayerRules(default=LayerSettings(placement=placement), mix_ln=MixLN(alpha=mix) if mix else None, overrides=list(overrides))
+    settings = dict(family="llama", width=32, depth=3, heads=2, ffn=64, vocab=VOCAB, context=32, layers=layers)
+    settings.update(kw)
+    return ModelSpec(**settings)
+
+
+def largest_difference(hf_model, folder) -> float:
+    ours = blockforge.load(folder)
+    tokens = torch.randint(0, VOCAB, (3, 29), generator=torch.Generator().manual_seed(7))
+    tokens[0, :2] = torch.tensor([0, 1])  # end-of-text and pad are ordinary rows of the embedding too
+    with torch.no_grad():
+        return (hf_model.eval()(tokens).logits - ours(tokens)).abs().max().item()
+
+
+def loaded(out, **kwargs):
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, **kwargs)
+    assert not any(info.values()), info  # no weight missing, unexpected or reshaped: none newly initialized
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_uniform_pre_ln_llama_is_a_plain_llama_for_causal_lm(model_folder, tmp_path, tied):
+    src = model_folder(llama(tie_embeddings=tied))
+    out = export_run(src, tmp_path / "hf", format="hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "auto_map" not in config
+    assert not (out / "modeling_blockforge.py").exists()
+    model = loaded(out)
+    assert type(model) is LlamaForCausalLM and model.config.tie_word_embeddings == tied
+    assert largest_difference(model, src) <= TOL
+
+
+REMOTE = {
+    "mix-ln": llama(mix=0.34),
+    "deepnorm": llama("deepnorm"),
+    "sandwich": llama("sandwich"),
+    "lns": llama("lns"),
+    "respost": llama("respost"),
+    "tied mix-ln": llama(mix=0.67, tie_embeddings=True),
+    "per-layer heads and ffn": llama(overrides=[LayerOverride(at=1, heads=4), LayerOverride(at=2, ffn=48)]),
+    "post, layernorm, no final norm": llama("post", norm="layernorm", final_norm=False),
+}
+
+
+@pytest.mark.parametrize("case", list(REMOTE))
+def test_every_other_llama_loads_with_its_modeling_file(model_folder, tmp_path, case):
+    spec = REMOTE[case]
+    src = model_folder(spec)
+    out = export_run(src, tmp_path / "hf", format="hf")
+    model = loaded(out, trust_remote_code=True)
+    assert type(model).__name__ == "BlockforgeForCausalLM"
+    ours = blockforge.load(src)
+    assert [layer["placement"] for layer in model.config.layers] == [layer.placement for layer in ours.spec.layers]
+    assert [(layer["heads"], layer["ffn"]) for layer in model.config.layers] == [(layer.heads, layer.ffn) for layer in ours.spec.layers]
+    # blockforge's own parameter names, so the weights loaded without renaming
+    assert set(model.state_dict()) == set(ours.state_dict())
+    if spec.tie_embeddings:
+        assert model.head.weight is model.embed.weight and "head.weight" not in load_file(out / "model.safetensors")
+    assert largest_difference(model, src) <= TOL
+
+
+def test_the_scales_in_the_config_are_the_modules_own(model_folder, tmp_path):
+    src = model_folder(llama("deepnorm", depth=4))
+    out = export_run(src, tmp_path / "hf", format="hf")
+    layers = json.loads((out / "config.json").read_text())["layers"]
+    ours = blockforge.load(src)
+    for layer, block in zip(layers, ours.layers):
+        assert layer["attn"]["residual_scale"] == block.attn.residual_scale == (2.0 * 4) ** 0.25
+        assert layer["attn"] == layer["mlp"] and (layer["attn"]["in_norm"], layer["attn"]["out_norm"]) == (False, True)
+
+
+def test_the_modeling_files_import_only_torch_and_transformers():
+    for name in hf_export.REMOTE_FILES:
+        tree = ast.parse((hf_export.REMOTE_DIR / name).read_text())
+        modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+        assert modules <= {"__future__", "torch", "transformers"}, (name, modules)
+
+
+def test_the_tokenizer_and_the_config_agree_on_special_ids(model_folder, tmp_path, bpe):
+    out = export_run(model_folder(llama()), tmp_path / "hf", format="hf")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = loaded(out)
+    eos = bpe.eos_id
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (eos, eos, bpe.pad_id) == (0, 0, 1)
+    for config in (model.config, model.generation_config):
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (eos, eos, bpe.pad_id)
+    text = "Section 3. The model layer norm."
+    ids = tokenizer(text).input_ids
+    assert ids == [eos] + bpe.encode(text)  # a prompt starts after end-of-text, as every training document did
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer.model_max_length == 32
+
+
+@pytest.fixture
+def mix_ln_export(model_folder, tmp_path):
+    src = model_folder(llama(mix=0.34, context=48))
+    return src, export_run(src, tmp_path / "hf", format="hf")
+
+
+def test_greedy_generate_equals_blockforge_token_for_token(mix_ln_export):
+    src, out = mix_ln_export
+    model = loaded(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    ours = blockforge.load(src)
+    texts = ["Section 3. The model", "Each layer norm weight is read"]
+    singles = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        theirs = model.generate(ids, max_new_tokens=14, do_sample=False)
+        assert theirs.shape[1] > ids.shape[1]
+        assert torch.equal(theirs, ours.generate(ids, 14, temperature=0, eos_id=tokenizer.eos_token_id))
+        singles.append(theirs[0, ids.shape[1]:])
+    tokenizer.padding_side = "left"  # a batch of prompts of different lengths: padding and positions handled
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    together = model.generate(**batch, max_new_tokens=14, do_sample=False)[:, batch.input_ids.shape[1]:]
+    for row, single in zip(together, singles):
+        assert torch.equal(row[: len(single)], single)
+
+
+def test_padded_rows_give_the_logits_of_their_unpadded_selves(mix_ln_export):
+    _, out = mix_ln_export
+    model = loaded(out, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    texts = ["Section 3. The model", "Each layer norm weight is read"]
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            together = model(**batch).logits
+            for row, text in enumerate(texts):
+                alone = model(**tokenizer(text, return_tensors="pt")).logits[0]
+                real = batch.attention_mask[row].bool()
+                assert int(real.sum()) == len(alone) and (~real).any() == (row == 0)
+                torch.testing.assert_close(together[row, real], alone, rtol=0, atol=TOL)
+
+
+def test_the_kv_cache_gives_the_logits_of_the_whole_sequence(mix_ln_export):
+    _, out = mix_ln_export
+    model = loaded(out, trust_remote_code=True).eval()
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(tokens).logits
+        prefill = model(tokens[:, :5], use_cache=True)
+        cache = prefill.cache
+        assert isinstance(cache, DynamicCache) and cache.get_seq_length() == 5
+        steps = [model(tokens[:, t : t + 1], cache=cache).logits for t in range(5, 9)]
+        old_name = model(tokens[:, :5], past_key_values=DynamicCache(config=model.config)).logits  # the former argument name
+    torch.testing.assert_close(prefill.logits, full[:, :5], rtol=0, atol=TOL)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 5:], rtol=0, atol=TOL)
+    torch.testing.assert_close(old_name, full[:, :5], rtol=0, atol=TOL)
+
+
+def test_labels_give_the_next_token_loss_and_hidden_states_every_block_input(mix_ln_export):
+    src, out = mix_ln_export
+    model = loaded(out, trust_remote_code=True).eval()
+    tokens = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        output = model(tokens, labels=tokens, output_hidden_states=True)
+        expected = torch.nn.functional.cross_entropy(blockforge.load(src)(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    assert output.loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    assert len(output.hidden_states) == len(model.layers) + 1
+
+
+def test_the_text_generation_pipeline_continues_a_prompt(mix_ln_export):
+    src, out = mix_ln_export
+    generator = pipeline("text-generation", model=str(out), trust_remote_code=True)
+    prompt = "Section 3. The model"
+    text = generator(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids  # the pipeline adds no bos
+    expected = blockforge.load(src).generate(ids, 8, temperature=0, eos_id=tokenizer.eos_token_id)
+    assert text == tokenizer.decode(expected[0], skip_special_tokens=True) and len(text) > len(prompt)
+
+
+def test_the_tokenizer_loads_without_the_remote_code_flag_too(mix_ln_export):
+    _, out = mix_ln_export
+    tokenizer = AutoTokenizer.from_pretrained(out)  # transformers asks about config.json's code, then reads the tokenizer alone
+    assert (tokenizer.bos_token_id, tokenizer.pad_token_id) == (0, 1)
+
+
+def test_the_card_says_how_to_load_it(mix_ln_export):
+    _, out = mix_ln_export
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert 'AutoModelForCausalLM.from_pretrained("path/to/this/folder", trust_remote_code=True)' in card
+    assert "blockforge.load(" not in card and "| 0 | post |" in card
+
+
+def test_a_trained_run_exports_from_the_cli(tmp_path, capsys):
+    from tiny_data import write_recipe
+
+    recipe = write_recipe(tmp_path, steps=4, eval_every=4, checkpoint_every=4, grad_norm_every=4)
+    assert main(["train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert "(hf format)" in capsys.readouterr().out
+    model = loaded(tmp_path / "hf", trust_remote_code=True)
+    assert largest_difference(model, tmp_path / "run") <= TOL
+    assert (tmp_path / "hf" / "recipe.yaml").exists() and "val_loss" in (tmp_path / "hf" / "README.md").read_text()
+
+
+# Refusals: one sentence each, and nothing half-written left behind.
+
+
+def test_a_vit_is_refused_in_one_sentence(model_folder, tmp_path, capsys):
+    vit = ModelSpec(family="vit", width=32, depth=2, heads=2, ffn=64, image_size=8, patch_size=4, classes=3)
+    src = model_folder(vit, tokenizer=False)
+    assert main(["export", str(src), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--format hf exports llama models" in err and "vit" in err and "blockforge.load" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_norm_the_modeling_file_does_not_hold_is_refused(model_folder):
+    spec = blockforge.load(model_folder(llama())).spec
+    with pytest.raises(ConversionError, match="holds rmsnorm and layernorm llamas, and this one uses scalenorm"):
+        hf_export.check(dataclasses.replace(spec, norm="scalenorm"))
+
+
+def test_a_module_the_modeling_file_does_not_hold_is_refused_by_name(model_folder):
+    model = blockforge.load(model_folder(llama()))
+    model.layers[1].mlp.branch_norm = torch.nn.LayerNorm(32)
+    with pytest.raises(ConversionError, match=r"layers\.1\.mlp\.branch_norm is a LayerNorm"):
+        hf_export.remote_config(model)
+
+
+def test_a_run_without_a_tokenizer_is_refused(model_folder, tmp_path):
+    src = model_folder(llama(mix=0.34), tokenizer=False)
+    with pytest.raises(BlockforgeError, match="no tokenizer/ folder"):
+        export_run(src, tmp_path / "hf", format="hf")
+    assert list((tmp_path / "hf").iterdir()) == []
+
+
+def test_a_refused_comparison_leaves_no_files(model_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_export, "TOLERANCE", -1.0)  # no difference passes
+    with pytest.raises(ConversionError, match=r"differ from the original's by \d"):
+        export_run(model_folder(llama(mix=0.34)), tmp_path / "hf", format="hf")
+    assert list((tmp_path / "hf").iterdir()) == []
+
+
+def test_an_unknown_format_is_refused(model_folder, tmp_path):
+    with pytest.raises(BlockforgeError, match="unknown value 'onnx'"):
+        export_run(model_folder(llama()), tmp_path / "x", format="onnx")
