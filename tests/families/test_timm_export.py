@@ -61,7 +61,7 @@ def test_the_card_gives_the_create_model_call(model_folder, tmp_path):
     (vit(mix=0.5), "placements post, pre"),
     (vit("sandwich"), "placements sandwich"),
     (vit("lns"), "placements lns"),
-    (vit(overrides=[LayerOverride(at=1, heads=4)]), "heads or ffn that differ between layers"),
+    (vit(overrides=[LayerOverride(at=1, heads=4)]), "heads, kv_heads, head_dim that differ between layers"),
     (vit(norm="rmsnorm"), "rmsnorm norms"),
     (vit(norm_eps=1e-5), "norm eps 1e-05"),
 ])
