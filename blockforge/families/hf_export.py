@@ -29,7 +29,7 @@ from blockforge.nn.attention import Attention
 from blockforge.nn.block import Residual
 from blockforge.nn.mlp import SwiGLU
 from blockforge.nn.norms import NORMS
-from blockforge.spec.model import ResolvedSpec
+from blockforge.spec.model import LayerSpec, ResolvedSpec
 
 TOLERANCE = 1e-5  # an export computes what blockforge.load computes
 REMOTE_DIR = Path(__file__).parent / "hf_remote"  # the files shipped into a remote-code export
@@ -38,7 +38,7 @@ AUTO_MAP = {
     "AutoConfig": "configuration_blockforge.BlockforgeLlamaConfig",
     "AutoModelForCausalLM": "modeling_blockforge.BlockforgeForCausalLM",
 }
-REMOTE_NORMS = ("rmsnorm", "layernorm")  # what the modeling file holds
+REMOTE_NORMS = ("rmsnorm", "layernorm", "dyt")  # what the modeling file holds
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,11 @@ class TokenIds:
 
 
 def check(spec: ResolvedSpec) -> None:
-    if spec.norm not in REMOTE_NORMS:
+    used = [spec.norm] + [layer.norm for layer in spec.layers]
+    other = next((norm for norm in used if norm not in REMOTE_NORMS), None)
+    if other is not None:
         raise ConversionError(
-            f"--format hf holds {' and '.join(REMOTE_NORMS)} llamas, and this one uses {spec.norm}; "
+            f"--format hf holds {', '.join(REMOTE_NORMS[:-1])} and {REMOTE_NORMS[-1]} llamas, and this one uses {other}; "
             "export it with --format blockforge, which blockforge.load reads"
         )
 
@@ -158,51 +160,88 @@ def remote_config(model: nn.Module) -> dict:
     head_bias = model.head.bias is not None
     if head_bias:
         raise ConversionError("this llama's head has a bias, which the transformers modeling file does not hold")
-    layers = [
-        {"placement": layer.placement, **block_shape(block, f"layers.{layer.index}"),
-         "attn": sublayer(block.attn, f"layers.{layer.index}.attn", spec), "mlp": sublayer(block.mlp, f"layers.{layer.index}.mlp", spec)}
-        for block, layer in zip(model.layers, spec.layers, strict=True)
-    ]
     return {
         "vocab_size": model.embed.num_embeddings,
         "hidden_size": model.embed.embedding_dim,
         "max_position_embeddings": spec.context,
         "norm": spec.norm,
         "norm_eps": spec.norm_eps,
-        "final_norm": norm_slot(model.final_norm, "final_norm", spec),
+        "final_norm": norm_slot(model.final_norm, "final_norm", spec.norm, spec.norm_eps),
         "rope_theta": spec.rope_theta,
+        "rope_frequency_scaling": rope_scaling(spec),
         "tie_word_embeddings": model.head.weight is model.embed.weight,
-        "layers": layers,
+        "layers": [layer_config(block, layer, spec) for block, layer in zip(model.layers, spec.layers, strict=True)],
         "blockforge_arch_hash": spec.arch_hash(),
     }
 
 
-def block_shape(block: nn.Module, where: str) -> dict:
+def rope_scaling(spec: ResolvedSpec) -> dict | None:
+    """The RoPE frequency scaling the model's embed_inputs applies (None: plain RoPE)."""
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return None
+    if scaling.get("type") != "llama3":
+        raise ConversionError(f"this llama's RoPE scaling '{scaling.get('type')}' is not llama3's, the only one the transformers modeling file holds")
+    return {"type": "llama3", "factor": float(scaling["factor"]), "low_freq_factor": float(scaling["low_freq_factor"]),
+            "high_freq_factor": float(scaling["high_freq_factor"]), "original_context": int(scaling["original_context"])}
+
+
+def layer_config(block: nn.Module, layer: LayerSpec, spec: ResolvedSpec) -> dict:
+    """One block: its attention and MLP as their modules are built, and its two sub-layers."""
+    where = f"layers.{layer.index}"
     attn, mlp = block.attn.branch, block.mlp.branch
-    if type(attn) is not Attention or attn.qkv.bias is not None or attn.proj.bias is not None:
-        raise ConversionError(f"{where}.attn is not bias-free rotary attention, which is all the transformers modeling file holds")
-    if type(mlp) is not SwiGLU or mlp.gate_up.bias is not None or mlp.down.bias is not None:
-        raise ConversionError(f"{where}.mlp is not a bias-free SwiGLU, which is all the transformers modeling file holds")
-    return {"heads": attn.heads, "ffn": mlp.down.in_features}
-
-
-def sublayer(residual: Residual, where: str, spec: ResolvedSpec) -> dict:
+    if type(attn) is not Attention or not attn.causal:
+        raise ConversionError(f"{where}.attn.branch is not blockforge's causal rotary attention, which is all the transformers modeling file holds")
+    if type(mlp) is not SwiGLU:
+        raise ConversionError(f"{where}.mlp.branch is a {type(mlp).__name__} where the transformers modeling file holds a SwiGLU")
+    if (mlp.gate_up.bias is None) != (mlp.down.bias is None):
+        raise ConversionError(f"{where}.mlp.branch has a bias on one of its two linear layers only, which the transformers modeling file does not hold")
+    eps = spec.norm_eps
+    head_norms = {name: norm_slot(getattr(attn, name) or nn.Identity(), f"{where}.attn.branch.{name}", layer.norm, eps)
+                  for name in ("q_norm", "k_norm", "v_norm")}
+    if head_norms["q_norm"] != head_norms["k_norm"]:
+        raise ConversionError(f"{where}.attn.branch normalizes {'queries' if head_norms['q_norm'] else 'keys'} but not "
+                              f"{'keys' if head_norms['q_norm'] else 'queries'}, which the transformers modeling file does not hold")
     return {
-        "in_norm": norm_slot(residual.in_norm, f"{where}.in_norm", spec),
-        "branch_norm": norm_slot(residual.branch_norm, f"{where}.branch_norm", spec),
-        "out_norm": norm_slot(residual.out_norm, f"{where}.out_norm", spec),
-        "residual_scale": float(residual.residual_scale),
-        "input_scale": float(residual.input_scale),
+        "placement": layer.placement_name,  # for reading; the slots and scales below are what is computed
+        "norm": layer.norm,
+        "heads": attn.heads,
+        "kv_heads": attn.kv_heads,
+        "head_dim": attn.head_dim,
+        "ffn": mlp.down.in_features,
+        "window": attn.window,
+        "qk_norm": head_norms["q_norm"],
+        "v_norm": head_norms["v_norm"],
+        "qkv_bias": attn.qkv.bias is not None,
+        "proj_bias": attn.proj.bias is not None,
+        "mlp_bias": mlp.down.bias is not None,
+        "attn": sublayer(block.attn, f"{where}.attn", layer.norm, spec),
+        "mlp": sublayer(block.mlp, f"{where}.mlp", layer.norm, spec),
     }
 
 
-def norm_slot(module: nn.Module, where: str, spec: ResolvedSpec) -> bool:
-    """Whether the slot holds the spec's norm (False: empty); anything else is refused by name."""
+def sublayer(residual: Residual, where: str, norm: str, spec: ResolvedSpec) -> dict:
+    if residual.layer_scale is not None and tuple(residual.layer_scale.shape) != (spec.width,):
+        raise ConversionError(f"{where}.layer_scale has shape {tuple(residual.layer_scale.shape)} where the transformers modeling file holds ({spec.width},)")
+    return {
+        "in_norm": norm_slot(residual.in_norm, f"{where}.in_norm", norm, spec.norm_eps),
+        "branch_norm": norm_slot(residual.branch_norm, f"{where}.branch_norm", norm, spec.norm_eps),
+        "out_norm": norm_slot(residual.out_norm, f"{where}.out_norm", norm, spec.norm_eps),
+        "residual_scale": float(residual.residual_scale),
+        "input_scale": float(residual.input_scale),
+        "layer_scale": residual.layer_scale is not None,
+        "branch_multiplier": float(residual.branch_multiplier),
+    }
+
+
+def norm_slot(module: nn.Module, where: str, norm: str, eps: float) -> bool:
+    """Whether the slot holds the layer's norm (False: empty); anything else is refused by name. DyT has no eps."""
     if isinstance(module, nn.Identity):
         return False
-    if type(module) is NORMS[spec.norm] and module.eps == spec.norm_eps:
+    if type(module) is NORMS[norm] and (norm == "dyt" or module.eps == eps):
         return True
-    raise ConversionError(f"{where} is a {type(module).__name__} where the transformers modeling file holds {spec.norm} (eps {spec.norm_eps:g}) or nothing")
+    held = f"{norm} (eps {eps:g})" if norm != "dyt" else norm
+    raise ConversionError(f"{where} is a {type(module).__name__} where the transformers modeling file holds {held} or nothing")
 
 
 def random_tokens(spec: ResolvedSpec) -> torch.Tensor:

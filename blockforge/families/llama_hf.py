@@ -163,6 +163,7 @@ def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
         "it has sliding windows": layer0.window is not None,
         "it normalizes queries, keys or values": layer0.qk_norm or layer0.v_norm,
         "it has layer scales": layer0.layer_scale is not None,
+        f"its branches are scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
         "its q/k/v and output biases differ (HF's attention_bias sets all four)": spec.qkv_bias != spec.proj_bias,
     }
     return [problem for problem, present in checks.items() if present]

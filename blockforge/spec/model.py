@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
@@ -329,7 +330,7 @@ class ResolvedSpec:
     proj_bias: bool = False
     mlp_bias: bool = False
     dyt_alpha: float = 0.5
-    rope_scaling: dict | None = None  # RopeScaling's fields
+    rope_scaling: dict[str, Any] | None = None  # RopeScaling's fields
     parametrization: str = "standard"
     base_depth: int | None = None
     depth_alpha: float = 1.0

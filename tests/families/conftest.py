@@ -33,10 +33,14 @@ def model_folder(tmp_path, bpe):
 
     def make(spec, name: str = "model", tokenizer: bool = True):
         model = blockforge.build_model(spec, seed=0)
-        with torch.no_grad():  # norm weights away from 1 and biases away from 0: a tensor left behind shows in the logits
-            for pname, p in model.named_parameters():
-                if "norm" in pname:
-                    p.uniform_(0.5, 1.5) if pname.endswith("weight") else p.normal_(0, 0.1)
+        with torch.no_grad():  # norm weights, layer scales and DyT alphas away from their init and biases away from 0:
+            for pname, p in model.named_parameters():  # a tensor left behind shows in the logits
+                if pname.endswith(".alpha"):
+                    p.uniform_(0.3, 1.0)
+                elif pname.endswith(("norm.weight", "layer_scale")):
+                    p.uniform_(0.5, 1.5)
+                elif pname.endswith("bias"):
+                    p.normal_(0, 0.1)
         folder = tmp_path / name
         folder.mkdir()
         save_weights(model, folder / "model.safetensors")

@@ -239,7 +239,7 @@ def test_a_vit_is_refused_in_one_sentence(model_folder, tmp_path, capsys):
 
 def test_a_norm_the_modeling_file_does_not_hold_is_refused(model_folder):
     spec = blockforge.load(model_folder(llama())).spec
-    with pytest.raises(ConversionError, match="holds rmsnorm and layernorm llamas, and this one uses scalenorm"):
+    with pytest.raises(ConversionError, match="holds rmsnorm, layernorm and dyt llamas, and this one uses scalenorm"):
         hf_export.check(dataclasses.replace(spec, norm="scalenorm"))
 
 

@@ -1,33 +1,39 @@
 """The configuration of a blockforge llama in transformers: its resolved spec, one entry per layer.
 
-Nothing is inferred when the model is built: every layer lists its heads, ffn width and, for each of
-its two sub-layers (attention, MLP), which norm slots are filled and the residual and input scales.
-The model fields have no defaults, so config.json spells every one of them out.
+Nothing is inferred when the model is built: every layer lists its norm type, its attention (heads,
+key/value heads, head size, sliding window, per-head q/k/v norms, biases), its ffn width and MLP bias,
+and for each of its two sub-layers (attention, MLP) which norm slots are filled, the residual and
+input scales, whether it has a layer scale and its constant branch multiplier. The model fields have
+no defaults, so config.json spells every one of them out; `rope_frequency_scaling` is null for plain RoPE.
 """
 
 from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-NORMS = ("rmsnorm", "layernorm")
+NORMS = ("rmsnorm", "layernorm", "dyt")
 SLOTS = ("in_norm", "branch_norm", "out_norm")
-SUBLAYER_KEYS = {*SLOTS, "residual_scale", "input_scale"}
-LAYER_KEYS = {"placement", "heads", "ffn", "attn", "mlp"}
+SUBLAYER_KEYS = {*SLOTS, "residual_scale", "input_scale", "layer_scale", "branch_multiplier"}
+LAYER_KEYS = {"placement", "norm", "heads", "kv_heads", "head_dim", "ffn", "window", "qk_norm", "v_norm", "qkv_bias", "proj_bias", "mlp_bias",
+              "attn", "mlp"}
+ROPE_SCALING_KEYS = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_context"}
 REQUIRED = ("vocab_size", "hidden_size", "max_position_embeddings", "norm", "norm_eps", "final_norm", "rope_theta", "tie_word_embeddings")
 
 
 class BlockforgeLlamaConfig(PreTrainedConfig):
-    """layers[i].attn (and .mlp) computes  out_norm(residual_scale * x + branch_norm(F(input_scale * in_norm(x))))."""
+    """layers[i].attn (and .mlp) computes  out_norm(residual_scale * x + m * g * branch_norm(F(input_scale * in_norm(x)))),
+    g a per-channel layer scale (when `layer_scale`), m the constant `branch_multiplier`."""
 
     model_type = "blockforge_llama"
 
     vocab_size: int | None = None
     hidden_size: int | None = None
     max_position_embeddings: int | None = None  # the context the model was trained on
-    norm: str | None = None  # rmsnorm | layernorm
+    norm: str | None = None  # the final norm's type: rmsnorm | layernorm | dyt (each layer names its own)
     norm_eps: float | None = None
     final_norm: bool | None = None
     rope_theta: float | None = None  # interleaved RoPE: pairs (2j, 2j+1) of each head
+    rope_frequency_scaling: dict | None = None  # Llama-3's: {type: llama3, factor, low_freq_factor, high_freq_factor, original_context}
     tie_word_embeddings: bool | None = None
     layers: list | None = None
     num_hidden_layers: int | None = None
@@ -52,11 +58,20 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
             raise ValueError(f"the configuration lacks {', '.join(missing)}")
         if self.norm not in NORMS:
             raise ValueError(f"norm '{self.norm}' is not one of {', '.join(NORMS)}")
+        scaling = self.rope_frequency_scaling
+        if scaling is not None and (set(scaling) != ROPE_SCALING_KEYS or scaling["type"] != "llama3"):
+            raise ValueError(f"rope_frequency_scaling must be llama3's {sorted(ROPE_SCALING_KEYS)}, not {scaling}")
         for index, layer in enumerate(self.layers):
             if set(layer) != LAYER_KEYS:
                 raise ValueError(f"layers[{index}] has keys {sorted(layer)}; expected {sorted(LAYER_KEYS)}")
-            if self.hidden_size % layer["heads"] or (self.hidden_size // layer["heads"]) % 2:
-                raise ValueError(f"layers[{index}]: {layer['heads']} heads do not give an even head size for width {self.hidden_size}")
+            if layer["norm"] not in NORMS:
+                raise ValueError(f"layers[{index}]: norm '{layer['norm']}' is not one of {', '.join(NORMS)}")
+            if layer["heads"] % layer["kv_heads"]:
+                raise ValueError(f"layers[{index}]: {layer['kv_heads']} key/value heads do not divide {layer['heads']} heads")
+            if layer["head_dim"] % 2:
+                raise ValueError(f"layers[{index}]: head_dim {layer['head_dim']} is odd, which rotary embeddings cannot use")
+            if layer["window"] is not None and layer["window"] < 1:
+                raise ValueError(f"layers[{index}]: window {layer['window']} must be a positive number of positions, or null")
             for name in ("attn", "mlp"):
                 if set(layer[name]) != SUBLAYER_KEYS:
                     raise ValueError(f"layers[{index}].{name} has keys {sorted(layer[name])}; expected {sorted(SUBLAYER_KEYS)}")

@@ -2,13 +2,17 @@
 
 Every sub-layer (attention, then SwiGLU MLP) of every block computes
 
-    h = out_norm( a * x  +  branch_norm( F( s * in_norm(x) ) ) )
+    h = out_norm( a * x  +  m * g * branch_norm( F( s * in_norm(x) ) ) )
 
-with the filled slots, a and s read from `config.layers` (empty slots are nn.Identity), so one Block
-class holds Pre-LN, Post-LN, DeepNorm, Sandwich, Mix-LN stacks and per-layer heads and ffn widths.
-Parameter names are blockforge's own (embed, layers.N.attn.in_norm, layers.N.attn.branch.qkv, ...,
-final_norm, head), so the weights load without renaming. RoPE rotates adjacent pairs (2j, 2j+1) of
-each head, as blockforge does. This file imports only torch and transformers.
+with the filled slots, a, s, the per-channel layer scale g (when present) and the constant branch
+multiplier m read from `config.layers` (empty slots are nn.Identity), so one Block class holds Pre-LN,
+Post-LN, DeepNorm, Sandwich, Mix-LN, HybridNorm and CompleteP stacks. Each layer has its own norm type
+(RMSNorm, LayerNorm or DyT), heads, key/value heads (grouped-query attention), head size, sliding
+window, per-head q/k/v norms (applied before RoPE), biases and ffn width. Parameter names are
+blockforge's own (embed, layers.N.attn.in_norm, layers.N.attn.branch.qkv, layers.N.attn.layer_scale,
+..., final_norm, head), so the weights load without renaming. RoPE rotates adjacent pairs (2j, 2j+1)
+of each head, as blockforge does, optionally with Llama-3's frequency scaling. This file imports only
+torch and transformers.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_blockforge import BlockforgeLlamaConfig
 
 Rope = dict[int, tuple[torch.Tensor, torch.Tensor]]  # head size -> (cos, sin), each (B, 1, T, head size / 2)
+Masks = dict[int | None, torch.Tensor | None]  # sliding window (None: global) -> the keys each new position sees
 
 
 class RMSNorm(nn.Module):
@@ -43,15 +48,39 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(dim, eps=eps)
 
 
-NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+class DyT(nn.Module):
+    """Dynamic Tanh: weight * tanh(alpha * x) + bias, alpha a learned scalar (it has no eps)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), 0.5))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha * x) * self.weight + self.bias
 
 
-def rope_tables(head_sizes: set[int], positions: torch.Tensor, theta: float) -> Rope:
-    """cos and sin of p * theta^(-2j/size) for every position p of `positions` (B, T), in float32."""
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT}
+
+
+def rope_frequencies(size: int, theta: float, scaling: dict | None, device: torch.device) -> torch.Tensor:
+    """w_j = theta^(-2j/size), j < size/2; with Llama-3 scaling, wavelengths longer than original_context /
+    low_freq_factor are divided by `factor`, shorter than original_context / high_freq_factor kept, and
+    those between blended linearly in original_context / wavelength."""
+    freq = 1.0 / (theta ** (torch.arange(0, size, 2, device=device, dtype=torch.int64).float() / size))
+    if scaling is None:
+        return freq
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    keep = ((scaling["original_context"] * freq / (2 * torch.pi) - low) / (high - low)).clamp(0.0, 1.0)  # 0: stretch, 1: keep
+    return freq / scaling["factor"] * (1.0 - keep) + freq * keep
+
+
+def rope_tables(head_sizes: set[int], positions: torch.Tensor, theta: float, scaling: dict | None) -> Rope:
+    """cos and sin of p * w_j for every position p of `positions` (B, T), in float32."""
     tables = {}
     for size in head_sizes:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, size, 2, device=positions.device, dtype=torch.int64).float() / size))
-        angles = positions.float()[..., None] * inv_freq  # (B, T, size/2)
+        angles = positions.float()[..., None] * rope_frequencies(size, theta, scaling, positions.device)  # (B, T, size/2)
         tables[size] = (angles.cos()[:, None], angles.sin()[:, None])
     return tables
 
@@ -70,51 +99,74 @@ def default_positions(padding: torch.Tensor | None, past: int, length: int, devi
     return (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
 
 
-def visible_keys(padding: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor | None:
+def visible_keys(padding: torch.Tensor | None, past: int, length: int, window: int | None, device: torch.device) -> torch.Tensor | None:
     """Which keys each new position sees (B or 1, 1, length, past + length); None for plain causal attention.
 
-    `padding` (B, past + length) marks real tokens with 1. A padded position still sees itself, so no
-    row of the softmax is empty; its output is never used.
+    `padding` (B, past + length) marks real tokens with 1. A key is seen when it is not after the query
+    and, with a sliding `window`, among the last `window` real tokens up to the query (itself included),
+    so a padded row sees what its unpadded self sees. A padded position still sees itself, so no row of
+    the softmax is empty; its output is never used.
     """
     if padding is not None and bool(padding.all()):
         padding = None
-    if padding is None and past == 0:
+    if padding is None and past == 0 and window is None:
         return None
     if padding is not None and padding.shape[-1] != past + length:
         raise ValueError(f"attention_mask covers {padding.shape[-1]} positions, but the cache and the input hold {past + length}")
     keys = torch.arange(past + length, device=device)
     queries = past + torch.arange(length, device=device)[:, None]
-    allowed = (keys <= queries)[None, None]  # (1, 1, length, past + length)
-    if padding is not None:
-        allowed = (allowed & padding[:, None, None, :].bool()) | (keys == queries)
-    return allowed
+    allowed = (keys <= queries)[None]  # (1, length, past + length)
+    if padding is None:
+        if window is not None:
+            allowed = allowed & (keys > queries - window)
+        return allowed[:, None]
+    real = padding.bool()
+    if window is not None:
+        count = padding.long().cumsum(-1)  # (B, past + length): real tokens up to and including each key
+        allowed = allowed & (count[:, -length:, None] - count[:, None, :] < window)
+    return ((allowed & real[:, None, :]) | (keys == queries))[:, None]
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, layer_index: int):
-        super().__init__()
-        self.heads = heads
-        self.head_size = width // heads
-        self.layer_index = layer_index  # its place in the cache
-        self.qkv = nn.Linear(width, 3 * width, bias=False)  # rows: q, then k, then v
-        self.proj = nn.Linear(width, width, bias=False)
+    """Rows of qkv: heads * head_dim query rows, then kv_heads * head_dim key rows, then as many value rows."""
 
-    def forward(self, x: torch.Tensor, rope: Rope, mask: torch.Tensor | None, cache) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_size).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
-        cos, sin = rope[self.head_size]
+    def __init__(self, width: int, layer: dict, eps: float, layer_index: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_size = layer["heads"], layer["kv_heads"], layer["head_dim"]
+        self.window = layer["window"]  # a causal sliding window of this many positions; None: global
+        self.layer_index = layer_index  # its place in the cache
+        self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
+        self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
+
+        def head_norm(present: bool) -> nn.Module | None:
+            return NORMS[layer["norm"]](self.head_size, eps) if present else None
+
+        self.q_norm, self.k_norm, self.v_norm = head_norm(layer["qk_norm"]), head_norm(layer["qk_norm"]), head_norm(layer["v_norm"])
+
+    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
+        B, T, _ = x.shape
+        hs = self.head_size
+        q, k, v = self.qkv(x).split([self.heads * hs, self.kv_heads * hs, self.kv_heads * hs], dim=-1)
+        q, k, v = q.view(B, T, self.heads, hs), k.view(B, T, self.kv_heads, hs), v.view(B, T, self.kv_heads, hs)
+        if self.q_norm is not None:  # per head, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads or kv_heads, T, hs)
+        cos, sin = rope[hs]
         q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_index)  # (B, nh, past + T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+            k, v = cache.update(k, v, self.layer_index)  # (B, kv_heads, past + T, hs): every key kept, the mask picks
+        mask = masks[self.window]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.kv_heads != self.heads)
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hs))
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, width: int, hidden: int):
+    def __init__(self, width: int, hidden: int, bias: bool):
         super().__init__()
-        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)  # rows: gate, then up
-        self.down = nn.Linear(hidden, width, bias=False)
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=bias)  # rows: gate, then up
+        self.down = nn.Linear(hidden, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -122,11 +174,11 @@ class SwiGLU(nn.Module):
 
 
 class Residual(nn.Module):
-    def __init__(self, branch: nn.Module, sublayer: dict, config: BlockforgeLlamaConfig):
+    def __init__(self, branch: nn.Module, sublayer: dict, norm: str, config: BlockforgeLlamaConfig):
         super().__init__()
 
         def slot(name: str) -> nn.Module:
-            return NORMS[config.norm](config.hidden_size, config.norm_eps) if sublayer[name] else nn.Identity()
+            return NORMS[norm](config.hidden_size, config.norm_eps) if sublayer[name] else nn.Identity()
 
         self.in_norm = slot("in_norm")
         self.branch = branch
@@ -134,6 +186,8 @@ class Residual(nn.Module):
         self.out_norm = slot("out_norm")
         self.residual_scale = float(sublayer["residual_scale"])  # a
         self.input_scale = float(sublayer["input_scale"])  # s
+        self.layer_scale = nn.Parameter(torch.ones(config.hidden_size)) if sublayer["layer_scale"] else None  # g
+        self.branch_multiplier = float(sublayer["branch_multiplier"])  # m
 
     def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
         h = self.in_norm(x)
@@ -141,21 +195,27 @@ class Residual(nn.Module):
             h = h * self.input_scale
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
-        return self.out_norm(x + self.branch_norm(self.branch(h, **branch_kwargs)))
+        out = self.branch_norm(self.branch(h, **branch_kwargs))
+        if self.layer_scale is not None:
+            out = out * self.layer_scale
+        if self.branch_multiplier != 1.0:
+            out = out * self.branch_multiplier
+        return self.out_norm(x + out)
 
     def extra_repr(self) -> str:
-        return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}"
+        return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}, branch_multiplier={self.branch_multiplier:.4g}"
 
 
 class Block(nn.Module):
     def __init__(self, config: BlockforgeLlamaConfig, index: int):
         super().__init__()
         layer = config.layers[index]
-        self.attn = Residual(Attention(config.hidden_size, layer["heads"], index), layer["attn"], config)
-        self.mlp = Residual(SwiGLU(config.hidden_size, layer["ffn"]), layer["mlp"], config)
+        attention = Attention(config.hidden_size, layer, config.norm_eps, index)
+        self.attn = Residual(attention, layer["attn"], layer["norm"], config)
+        self.mlp = Residual(SwiGLU(config.hidden_size, layer["ffn"], layer["mlp_bias"]), layer["mlp"], layer["norm"], config)
 
-    def forward(self, x: torch.Tensor, rope: Rope, mask: torch.Tensor | None, cache) -> torch.Tensor:
-        x = self.attn(x, rope=rope, mask=mask, cache=cache)
+    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
+        x = self.attn(x, rope=rope, masks=masks, cache=cache)
         return self.mlp(x)
 
 
@@ -172,7 +232,8 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         self.layers = nn.ModuleList(Block(config, index) for index in range(len(config.layers)))
         self.final_norm = NORMS[config.norm](config.hidden_size, config.norm_eps) if config.final_norm else nn.Identity()
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.head_sizes = {config.hidden_size // layer["heads"] for layer in config.layers}
+        self.head_sizes = {layer["head_dim"] for layer in config.layers}
+        self.windows = {layer["window"] for layer in config.layers}
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -218,11 +279,11 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = default_positions(attention_mask, past, length, x.device)
-        rope = rope_tables(self.head_sizes, position_ids, self.config.rope_theta)
-        mask = visible_keys(attention_mask, past, length, x.device)
+        rope = rope_tables(self.head_sizes, position_ids, self.config.rope_theta, self.config.rope_frequency_scaling)
+        masks = {window: visible_keys(attention_mask, past, length, window, x.device) for window in self.windows}
         states = [x] if output_hidden_states else None
         for block in self.layers:
-            x = block(x, rope, mask, cache)
+            x = block(x, rope, masks, cache)
             if states is not None:
                 states.append(x)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
