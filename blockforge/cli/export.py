@@ -13,22 +13,24 @@ def add_parser(sub) -> None:
     p.add_argument("--cell", help="search folders: the cell, e.g. depth=12,width=256 (needed when there are several)")
     p.add_argument("--retrain", action="store_true", help="search folders: train the best spec to the full budget first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a non-empty --out is refused without it)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.export import export_run
+    from blockforge.export import export_folder, export_run
 
     source = Path(args.source)
     if (source / "search.json").exists():
         from blockforge.search.best import export_best
 
-        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress)
+        with export_folder(args.out, force=args.force, run_dir=source) as stage:  # checked before any retraining
+            export_best(source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress)
     else:
         if args.cell or args.retrain:
             from blockforge.errors import BlockforgeError
 
             raise BlockforgeError(f"{source}: --cell and --retrain apply to a search folder, and this is not one (no search.json)")
-        out = export_run(source, args.out)
-    print(f"exported to {out}")
+        export_run(source, args.out, force=args.force)
+    print(f"exported to {args.out}")
     return 0
