@@ -21,11 +21,13 @@ _READ_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
 def _write_failure(err: BaseException) -> str | None:
     """Why `err` means a file could not be written ('No space left on device'), or None if it is something else."""
     if isinstance(err, WriteError):
-        return None
+        return getattr(err, "reason", None)  # said again by the outer block, which knows what was being written
     if isinstance(err, OSError):
         if err.errno in _READ_ERRNOS:
             return None
-        return err.strerror or str(err) or err.__class__.__name__
+        if err.errno is None:  # numpy: "N requested and M written"
+            return "only part of it was written: the disk is full or a file size limit was reached"
+        return err.strerror or str(err)
     try:
         from safetensors import SafetensorError
     except ImportError:  # pragma: no cover - safetensors is a dependency
@@ -37,14 +39,19 @@ def _write_failure(err: BaseException) -> str | None:
 
 @contextlib.contextmanager
 def writes_into(folder: str | os.PathLike, what: str, fix: str = "free space there or choose another folder") -> Iterator[None]:
-    """Turn a failed write inside the block into one WriteError sentence naming `folder` (what: 'the checkpoint')."""
+    """Turn a failed write inside the block into one WriteError sentence naming `folder` (what: 'the checkpoint').
+
+    Blocks nest: the outermost one words the sentence.
+    """
     try:
         yield
     except Exception as err:
         reason = _write_failure(err)
         if reason is None:
             raise
-        raise WriteError(f"{folder}: cannot write {what} ({reason}); {fix}") from None
+        failure = WriteError(f"{folder}: cannot write {what} ({reason}); {fix}")
+        failure.folder, failure.what, failure.reason = Path(folder), what, reason  # for callers that know a better fix
+        raise failure from None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
