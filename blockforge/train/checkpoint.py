@@ -242,7 +242,7 @@ def _check_spec(weights: TensorFile, spec: ResolvedSpec, source: str, fix: str) 
     except (ValueError, TypeError, SpecError):
         raise CorruptFolderError(f"{weights.path}: the spec stored with the weights cannot be read; {fix}") from None
     current = to_plain(spec)
-    written.pop("attention"), current.pop("attention")
+    del written["attention"], current["attention"]
     difference = first_difference(written, current)
     if difference is not None:
         key, then, now = difference

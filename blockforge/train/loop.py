@@ -61,6 +61,13 @@ def prepare_run_dir(path: Path, resume: bool) -> None:
         raise BlockforgeError(f"{path}: already holds a run; pass --resume to continue it, or choose another --out")
 
 
+def fresh_start(path: Path) -> str:
+    """How to start again in a folder with nothing to resume (a run that ended before its first checkpoint)."""
+    if (path / "result.json").exists():
+        return "it ended before its first checkpoint (see result.json); delete the folder to start again, or choose another --out"
+    return "start the run without --resume"
+
+
 def forget_interruption(path: Path) -> None:
     """Remove the result.json of an interrupted run that goes on now: it would outlive a later kill."""
     result = path / "result.json"
@@ -95,7 +102,7 @@ class Trainer:
         self.accumulation = cfg.batch_size // (cfg.micro_batch * self.world.size)
         self.progress = progress and self.world.is_main
         if resume and not checkpoint_folders(self.run_dir):  # before anything is written
-            raise BlockforgeError(f"{self.run_dir}: has no checkpoint to resume from; start the run without --resume")
+            raise BlockforgeError(f"{self.run_dir}: has no checkpoint to resume from; {fresh_start(self.run_dir)}")
         self.lock = RunLock(self.run_dir)
         weakref.finalize(self, self.lock.release)  # a Trainer dropped before its end lets go of the folder
         try:

@@ -210,6 +210,8 @@ RUNS = [
      2, "trained with rope_theta: 10000.0, but the recipe says 500.0"),
     ("resume: no checkpoint at all", lambda c: shutil.rmtree(c.run / "checkpoints") or (c.run / "result.json").unlink() or
      ["train", str(c.recipe), "--out", str(c.run), "--resume", "--no-progress"], 2, "has no checkpoint to resume from"),
+    ("resume: a run that ended before its first checkpoint", lambda c: shutil.rmtree(c.run / "checkpoints") or
+     ["train", str(c.recipe), "--out", str(c.run), "--resume", "--no-progress"], 2, "ended before its first checkpoint"),
     ("resume: no such folder", lambda c: ["train", str(c.recipe), "--out", str(c.tmp / "never"), "--resume", "--no-progress"], 2,
      "has no checkpoint to resume from"),
 ]
@@ -236,6 +238,8 @@ EXPORTS = [
      ["eval", str(c.export)], 2, "restore the spec.yaml"),
     ("export: spec.yaml one layer's heads edited", lambda c: edit(c.export / "spec.yaml", "heads: 2,", "heads: 8,") or
      ["analyze", str(c.export), "--layer-drop", "--out", str(c.tmp / "a")], 2, "layers[0].heads"),
+    ("export: metrics.json cut off", lambda c: truncate(c.export / "metrics.json") or
+     ["analyze", str(c.export), "--layer-drop", "--tokens", "64", "--out", str(c.tmp / "a")], 2, "metrics.json: is not valid JSON"),
     ("export: weights missing", lambda c: (c.export / "model.safetensors").unlink() or ["eval", str(c.export)], 2, "neither an exported model"),
     ("export into a non-empty folder", lambda c: ["export", str(c.run), "--out", str(c.export)], 2, "pass --force"),
     ("export --force over a folder that is not an export", lambda c: c.write("notes.txt", "mine") and

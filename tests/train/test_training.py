@@ -155,11 +155,20 @@ def test_one_seed_pairs_candidates_same_data_order_and_same_initial_weights(tmp_
     assert torch.equal(first(pre), first(mix)) and not torch.equal(first(pre), first(other))
 
 
-def test_sigterm_or_ctrl_c_ends_the_run_cleanly_and_resume_gives_the_same_curve(tmp_path, recipe_file):
+@pytest.fixture
+def one_thread():
+    """One torch thread here and in subprocesses: the same numbers on both sides, and no spinning threads on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield dict(os.environ, OMP_NUM_THREADS="1")
+    torch.set_num_threads(threads)
+
+
+def test_sigterm_or_ctrl_c_ends_the_run_cleanly_and_resume_gives_the_same_curve(tmp_path, recipe_file, one_thread):
     """Preemption at a random moment: exit 128+signal, status interrupted, no temporary file, then an exact resume."""
     path = recipe_file(steps=200, checkpoint_every=50, eval_every=100)
     reference = train(load_recipe(path), tmp_path / "reference", progress=False)
-    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    env = one_thread
     for attempt, signum in enumerate((signal.SIGTERM, signal.SIGINT)):
         run = tmp_path / f"run-{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "blockforge", "train", str(path), "--out", str(run), "--no-progress"], env=env,
