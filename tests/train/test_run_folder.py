@@ -28,7 +28,7 @@ def leftovers(folder: Path) -> list[Path]:
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """Another live process owning `folder`."""
-    code = f"import sys, time; from blockforge.train.lock import RunLock; RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(600)"
+    code = f"import time; from blockforge.train.lock import RunLock; RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
