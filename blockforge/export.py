@@ -47,7 +47,8 @@ def weights_of(folder: Path) -> tuple[Path, str]:
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attention: str | None = None) -> nn.Module:
     """The model in an export or run folder, in eval mode. `attention` swaps the kernel (e.g. 'sdpa' on CPU).
 
-    Anything missing, damaged or not matching spec.yaml is one BlockforgeError sentence (CorruptFolderError).
+    Anything missing, damaged or not matching spec.yaml is one BlockforgeError sentence: CorruptFolderError,
+    or SpecError for a spec.yaml that is not a valid spec.
     """
     folder = Path(path)
     if not folder.is_dir():

@@ -255,7 +255,7 @@ def read_weights(path: Path, model: nn.Module, spec: ResolvedSpec, *, source: st
 
     `source` names where `spec` came from in sentences ('spec.yaml', 'the recipe').
     """
-    weights = read_tensors(path, model_layout(model), fix=fix, builder=f"{source} builds", mismatch_fix=_mismatch_fix(source))
+    weights = read_tensors(path, model_layout(model), fix=fix, source=source, mismatch_fix=_mismatch_fix(source))
     if weights.checksum is None:
         warn(f"{path}: written without a checksum by an earlier blockforge, so these weights cannot be checked against {source}; "
              "export or checkpoint them again to add one")
@@ -346,7 +346,8 @@ def read_checkpoint(folder: Path, model: nn.Module, spec: ResolvedSpec, *, sourc
     checkpoint = Checkpoint(
         folder, record["step"], weights,
         read_tensors(folder / "optimizer.safetensors", None, fix=fix),
-        read_tensors(folder / "rng.safetensors", rng_layout, fix=fix, builder="a checkpoint holds", optional=("torch_cuda_",)),
+        read_tensors(folder / "rng.safetensors", rng_layout, fix=fix, source="a checkpoint", verbs=("holds", "does not hold"),
+                     optional=("torch_cuda_",)),
         record,
     )
     for name, stored in (record.get("files") or {}).items():

@@ -72,27 +72,28 @@ def _shape(shape) -> str:
     return "[" + ", ".join(str(n) for n in shape) + "]"
 
 
-def _compare_layout(path: Path, found: Layout, expected: Layout, builder: str, fix: str) -> None:
+def _compare_layout(path: Path, found: Layout, expected: Layout, source: str, verbs: tuple[str, str], fix: str) -> None:
     """The first tensor whose presence, dtype or shape differs from `expected`, as one sentence."""
+    does, does_not = verbs
     for name in sorted(set(found) | set(expected)):
         if name not in found:
-            raise CorruptFolderError(f"{path}: has no tensor {name}, which {builder}; {fix}")
+            raise CorruptFolderError(f"{path}: has no tensor {name}, which {source} {does}; {fix}")
         if name not in expected:
-            raise CorruptFolderError(f"{path}: holds tensor {name}, which {builder.replace('builds', 'does not build')}; {fix}")
+            raise CorruptFolderError(f"{path}: holds tensor {name}, which {source} {does_not}; {fix}")
         (dtype, shape), (want_dtype, want_shape) = found[name], expected[name]
         if tuple(shape) != tuple(want_shape):
-            raise CorruptFolderError(f"{path}: holds {name} with shape {_shape(shape)}, but {builder} {_shape(want_shape)}; {fix}")
+            raise CorruptFolderError(f"{path}: holds {name} with shape {_shape(shape)}, but {source} {does} {_shape(want_shape)}; {fix}")
         if dtype != want_dtype:
-            raise CorruptFolderError(f"{path}: holds {name} as {dtype}, but {builder} {want_dtype}; {fix}")
+            raise CorruptFolderError(f"{path}: holds {name} as {dtype}, but {source} {does} {want_dtype}; {fix}")
 
 
-def read_tensors(path: Path, expected: Layout | None, *, fix: str, builder: str = "the model builds",
+def read_tensors(path: Path, expected: Layout | None, *, fix: str, source: str = "the model", verbs: tuple[str, str] = ("builds", "does not build"),
                  mismatch_fix: str | None = None, optional: tuple[str, ...] = ()) -> TensorFile:
     """Every tensor of `path`, after its layout (against `expected`, if given) and its checksum were checked.
 
     `fix` ends sentences about damage, `mismatch_fix` (default: `fix`) those about a layout other than
-    `expected`; `builder` completes sentences like 'has no tensor X, which {builder}' (e.g. 'spec.yaml
-    builds'); names starting with an `optional` prefix may be present without being expected.
+    `expected`; `source` and `verbs` word them ('has no tensor X, which spec.yaml builds'); names
+    starting with an `optional` prefix may be present without being expected.
     """
     path = Path(path)
     if not path.is_file():
@@ -103,7 +104,7 @@ def read_tensors(path: Path, expected: Layout | None, *, fix: str, builder: str 
             found = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
             if expected is not None:
                 checked = {k: v for k, v in found.items() if k in expected or not k.startswith(optional)}
-                _compare_layout(path, checked, expected, builder, mismatch_fix or fix)
+                _compare_layout(path, checked, expected, source, verbs, mismatch_fix or fix)
             tensors = {name: f.get_tensor(name) for name in found}
     except SafetensorError as err:
         reason = str(err).removeprefix("Error while deserializing header: ")
