@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 QUICKSTART_OUT ?= runs/search-quickstart
 quickstart: $(VENV)/.installed
 	$(BIN)/blockforge search searches/quickstart.yaml --out $(QUICKSTART_OUT) $(if $(wildcard $(QUICKSTART_OUT)/search.json),--resume)
-	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8
+	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8 --force
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

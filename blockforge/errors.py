@@ -1,6 +1,7 @@
 """User-facing errors: each carries one sentence that names the file, the key path and the fix."""
 
 import difflib
+import sys
 from typing import Any, Iterable
 
 
@@ -32,6 +33,23 @@ class SpecError(BlockforgeError, ValueError):
 
 class DataError(BlockforgeError):
     """Training or evaluation data that cannot be found, read or tokenized."""
+
+
+class CorruptFolderError(BlockforgeError):
+    """A run, checkpoint or export folder whose files are missing, damaged, or do not belong to its spec."""
+
+
+class FolderInUseError(BlockforgeError):
+    """A run folder that another live process is training into."""
+
+
+class WriteError(BlockforgeError, OSError):
+    """A file that could not be written (a full disk, a file size limit, a read-only folder)."""
+
+
+def warn(message: str) -> None:
+    """One line on stderr for something the user should know but that does not stop the work."""
+    print(f"blockforge: warning: {message}", file=sys.stderr)
 
 
 def unknown_choice_message(value: str, allowed: Iterable[str]) -> str:

@@ -1,55 +1,68 @@
 """Exported models: model.safetensors + the resolved spec.yaml + recipe.yaml + metrics.json + a model card.
 
-`export_run` turns a run folder into an exported model; `load` rebuilds the model from an export (or
-from a run's latest checkpoint) in eval mode, refusing weights that do not fit the spec.
+`export_run` turns a run folder into an exported model, written beside its destination and put in place
+whole; `load` rebuilds the model from an export (or from a run's latest checkpoint) in eval mode, after
+checking the weights' names, dtypes and shapes against spec.yaml, their checksum, and that they were
+written for that spec (tensorfile, checkpoint).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
 import os
 import shutil
+import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, atomic_write_text, writable_folder
+from blockforge.errors import BlockforgeError, CorruptFolderError
+from blockforge.io import atomic_write_json, atomic_write_text, read_json, writes_into
 from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
 from blockforge.spec.model import ResolvedSpec
 from blockforge.spec.recipe import read_yaml
 from blockforge.spec.serialize import load_spec, save_spec
 from blockforge.tables import markdown_table
-from blockforge.train.checkpoint import latest_checkpoint, load_weights, save_weights
+from blockforge.train.checkpoint import apply_weights, latest_checkpoint, read_weights, save_weights
+
+EXPORT_FIX = "export the run again"
+RUN_FIX = "the checkpoint is damaged; `blockforge train RECIPE --out RUN --resume` continues from the newest intact one"
 
 
-def weights_path(folder: Path) -> Path:
-    """The weights of an export, or of a run's latest checkpoint."""
+def weights_of(folder: Path) -> tuple[Path, str]:
+    """The weights of an export, or of a run's latest checkpoint, and what to do when they are damaged."""
     folder = Path(folder)
     if (folder / "model.safetensors").exists():
-        return folder / "model.safetensors"
+        return folder / "model.safetensors", EXPORT_FIX
     checkpoint = latest_checkpoint(folder)
     if checkpoint is None:
-        raise BlockforgeError(f"{folder}: neither an exported model (model.safetensors) nor a run with a checkpoint; check the path")
-    return checkpoint / "model.safetensors"
+        raise CorruptFolderError(f"{folder}: neither an exported model (model.safetensors) nor a run with a checkpoint; check the path")
+    return checkpoint / "model.safetensors", RUN_FIX
 
 
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attention: str | None = None) -> nn.Module:
-    """The model in an export or run folder, in eval mode. `attention` swaps the kernel (e.g. 'sdpa' on CPU)."""
-    import dataclasses
+    """The model in an export or run folder, in eval mode. `attention` swaps the kernel (e.g. 'sdpa' on CPU).
 
+    Anything missing, damaged or not matching spec.yaml is one BlockforgeError sentence: CorruptFolderError,
+    or SpecError for a spec.yaml that is not a valid spec.
+    """
     folder = Path(path)
     if not folder.is_dir():
         raise BlockforgeError(f"{folder}: no such folder; give an export or run folder")
     if not (folder / "spec.yaml").exists():
-        raise BlockforgeError(f"{folder}: spec.yaml is missing, so this is not a blockforge export or run folder")
+        raise CorruptFolderError(f"{folder}: spec.yaml is missing, so this is not a blockforge export or run folder")
     spec = load_spec(folder / "spec.yaml")
     if attention is not None:
         spec = dataclasses.replace(spec, attention=attention)
+    path, fix = weights_of(folder)
+    # Checked against a model on the meta device first: a spec.yaml edited to a huge size allocates nothing.
+    weights = read_weights(path, build_model(spec, device="meta"), spec, source="spec.yaml", fix=fix)
     model = build_model(spec, device=device)
-    load_weights(model, weights_path(folder))
+    apply_weights(model, weights)
     return model.eval()
 
 
@@ -68,9 +81,9 @@ model = blockforge.load("path/to/this/folder")
 
 def model_card(spec: ResolvedSpec, model: nn.Module, recipe: dict, result: dict, data: dict, extra: str = "", usage: str = NATIVE_USAGE) -> str:
     placements = ", ".join(f"{name} x{n}" for name, n in Counter(layer.placement_name for layer in spec.layers).items())
-    metrics = result.get("metrics") or {}
+    metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
     metric_lines = "\n".join(f"- {key}: {value:.4f}" if isinstance(value, float) else f"- {key}: {value}" for key, value in sorted(metrics.items()))
-    train = recipe.get("train", {})
+    train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
     data_lines = "\n".join(f"- {key}: {value}" for key, value in data.items())
     return f"""# blockforge {spec.family} ({placements})
 
@@ -98,29 +111,73 @@ Architecture hash `{spec.arch_hash()}`.
 {extra}"""
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_card: str = "", format: str = "blockforge") -> Path:
-    """Write the run's latest weights and records into `out_dir` as an exported model (`format`: see EXPORT_FORMATS)."""
+def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
+    """Refuse an --out that holds anything but an earlier export (that one only with --force)."""
+    if out.exists() and not out.is_dir():
+        raise BlockforgeError(f"{out}: is a file; choose a folder for --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise BlockforgeError(f"{out}: is not empty; pass --force to replace the export in it, or choose another --out")
+    if run_dir is not None and run_dir.resolve().is_relative_to(out.resolve()):
+        raise BlockforgeError(f"{out}: holds the run folder {run_dir} itself; choose another --out")
+    if not (out / "model.safetensors").exists() or (out / "checkpoints").exists() or (out / "search.json").exists():
+        raise BlockforgeError(f"{out}: holds files that are not an earlier export, and --force replaces only an export; choose another --out")
+
+
+@contextlib.contextmanager
+def export_folder(out: str | os.PathLike, *, force: bool = False, run_dir: str | os.PathLike | None = None) -> Iterator[Path]:
+    """An empty folder beside `out` to write an export into; it replaces `out` only once the block finished.
+
+    A non-empty `out` is refused unless `force` (and then only an earlier export, never the run itself).
+    """
+    out = Path(out)
+    _replaceable(out, force, Path(run_dir) if run_dir is not None else None)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stage, old = out.parent / f".{out.name}.partial-{tag}", out.parent / f".{out.name}.old-{tag}"
+    with writes_into(out.parent, "the export", "free space there or choose another --out"):
+        stage.mkdir(parents=True)
+    try:
+        yield stage
+        if out.exists() and any(out.iterdir()):
+            out.rename(old)  # the earlier export steps aside, then goes once the new one is in place
+        os.replace(stage, out)  # over an empty folder, or into a free name
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if old.exists() and not out.exists():
+            old.rename(out)  # the swap failed half-way: the earlier export comes back
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_card: str = "", force: bool = False,
+               format: str = "blockforge") -> Path:
+    """Write the run's latest weights and records into `out_dir` as an exported model in `format` (see EXPORT_FORMATS);
+    `force` replaces an earlier export there."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "spec.yaml").exists():
         raise BlockforgeError(f"{run_dir}: not a run folder (spec.yaml is missing); give the folder `blockforge train --out` wrote")
     if out_dir.resolve() == run_dir.resolve():
         raise BlockforgeError(f"{out_dir}: export into a new folder, not the run folder itself")
+    _replaceable(out_dir, force, run_dir)
     if format != "blockforge":
-        return export_converted(run_dir, out_dir, format, extra_card)
+        exporter = export_format(format, load_spec(run_dir / "spec.yaml"))
+        with export_folder(out_dir, force=force, run_dir=run_dir) as stage:
+            _convert_into(run_dir, stage, exporter, extra_card)
+        return out_dir
     model = load(run_dir)
     spec = model.spec
-    writable_folder(out_dir, "the export")
-    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {"status": "partial"}
-    data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").exists() else {}
-    recipe = read_yaml(run_dir / "recipe.yaml") if (run_dir / "recipe.yaml").exists() else {}
-    save_weights(model, out_dir / "model.safetensors")
-    save_spec(spec, out_dir / "spec.yaml")
-    if (run_dir / "recipe.yaml").exists():
-        shutil.copyfile(run_dir / "recipe.yaml", out_dir / "recipe.yaml")
-    if (run_dir / "tokenizer").is_dir():
-        shutil.copytree(run_dir / "tokenizer", out_dir / "tokenizer", dirs_exist_ok=True)
-    atomic_write_json(out_dir / "metrics.json", {"status": result.get("status"), "step": result.get("step"), **(result.get("metrics") or {})})
-    atomic_write_text(out_dir / "README.md", model_card(spec, model, recipe, result, data, extra_card))
+    result, data, recipe = _run_records(run_dir)
+    with export_folder(out_dir, force=force, run_dir=run_dir) as stage:
+        save_weights(model, stage / "model.safetensors", spec)
+        save_spec(spec, stage / "spec.yaml")
+        with writes_into(stage, "the export", "free space there or choose another --out"):
+            if (run_dir / "recipe.yaml").exists():
+                shutil.copyfile(run_dir / "recipe.yaml", stage / "recipe.yaml")
+            if (run_dir / "tokenizer").is_dir():
+                shutil.copytree(run_dir / "tokenizer", stage / "tokenizer")
+        metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+        atomic_write_json(stage / "metrics.json", {"status": result.get("status"), "step": result.get("step"), **metrics})
+        atomic_write_text(stage / "README.md", model_card(spec, model, recipe, result, data, extra_card))
     return out_dir
 
 
@@ -155,23 +212,23 @@ def check_export_format(format: str, spec: ResolvedSpec) -> None:
 
 
 def _run_records(run_dir: Path) -> tuple[dict, dict, dict]:
-    """The run's result, data description and recipe (empty where a record is missing)."""
-    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {"status": "partial"}
-    data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").exists() else {}
+    """The run's result, data description and recipe (empty where a record is missing; a damaged one refused)."""
+    damaged = "it is damaged; fix or delete it and export again"
+    result = read_json(run_dir / "result.json", damaged) if (run_dir / "result.json").exists() else {"status": "partial"}
+    data = read_json(run_dir / "data.json", damaged) if (run_dir / "data.json").exists() else {}
     recipe = read_yaml(run_dir / "recipe.yaml") if (run_dir / "recipe.yaml").exists() else {}
+    if not isinstance(result, dict) or not isinstance(data, dict) or not isinstance(recipe, dict):
+        raise CorruptFolderError(f"{run_dir}: result.json, data.json or recipe.yaml is not a mapping; {damaged}")
     return result, data, recipe
 
 
-def export_converted(run_dir: Path, out_dir: Path, format: str, extra_card: str = "") -> Path:
-    """The run exported in another library's format: the native export in a scratch folder, then converted into `out_dir`."""
+def _convert_into(run_dir: Path, out_dir: Path, exporter, extra_card: str = "") -> None:
+    """The run in another library's format: its native export in a scratch folder, then converted into (empty) `out_dir`."""
     import tempfile
 
-    exporter = export_format(format, load_spec(run_dir / "spec.yaml"))
-    writable_folder(out_dir, "the export")
     with tempfile.TemporaryDirectory(prefix=".native-", dir=out_dir) as scratch:
         native = export_run(run_dir, Path(scratch) / "native", extra_card=extra_card)
         model = load(native, attention="sdpa")  # the kernel does not change what the model computes; sdpa runs anywhere
         result, data, recipe = _run_records(run_dir)
         card = model_card(model.spec, model, recipe, result, data, extra_card, usage=exporter.usage(model.spec))
         exporter.write(model, native, out_dir, card)
-    return out_dir

@@ -1,29 +1,74 @@
-"""Atomic file writes (temp file in the same folder, fsync, rename): a killed run never leaves half a file."""
+"""Files: atomic writes (temp file in the same folder, fsync, rename), so a killed run never leaves half a
+file; write failures (a full disk, a file size limit) as one sentence naming the folder; JSON records
+read back with one sentence when they are damaged."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+from blockforge.errors import CorruptFolderError, WriteError
+
+# Errors of reading, not writing, when they come out of a write callback (a source file that is gone).
+_READ_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+
+
+def _write_failure(err: BaseException) -> str | None:
+    """Why `err` means a file could not be written ('No space left on device'), or None if it is something else."""
+    if isinstance(err, WriteError):
+        return getattr(err, "reason", None)  # said again by the outer block, which knows what was being written
+    if isinstance(err, OSError):
+        if err.errno in _READ_ERRNOS:
+            return None
+        if err.errno is None:  # numpy: "N requested and M written"
+            return "only part of it was written: the disk is full or a file size limit was reached"
+        return err.strerror or str(err)
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        return None
+    if isinstance(err, SafetensorError) and "I/O error" in str(err):
+        return str(err).split("I/O error:", 1)[1].split(" (os error")[0].strip()
+    return None
+
+
+@contextlib.contextmanager
+def writes_into(folder: str | os.PathLike, what: str, fix: str = "free space there or choose another folder") -> Iterator[None]:
+    """Turn a failed write inside the block into one WriteError sentence naming `folder` (what: 'the checkpoint').
+
+    Blocks nest: the outermost one words the sentence.
+    """
+    try:
+        yield
+    except Exception as err:
+        reason = _write_failure(err)
+        if reason is None:
+            raise
+        failure = WriteError(f"{folder}: cannot write {what} ({reason}); {fix}")
+        failure.folder, failure.what, failure.reason = Path(folder), what, reason  # for callers that know a better fix
+        raise failure from None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)` then rename the temp file over `path`."""
+    """Call `write(tmp_path)` then rename the temp file over `path`; the temp file never outlives a failure."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with writes_into(path.parent, path.name):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:  # also on KeyboardInterrupt or SystemExit (a second Ctrl-C, SIGTERM)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -38,10 +83,24 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def read_json(path: str | os.PathLike, fix: str) -> Any:
+    """A JSON file's data; a missing, unreadable or cut-off file is one CorruptFolderError sentence ending in `fix`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise CorruptFolderError(f"{path}: is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CorruptFolderError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err}); {fix}") from None
+    try:
+        return json.loads(text)
+    except ValueError as err:  # JSONDecodeError, and numbers too long to convert
+        reason = "it is empty" if not text.strip() else f"{err.msg} at line {err.lineno}" if hasattr(err, "lineno") else str(err)
+        raise CorruptFolderError(f"{path}: is not valid JSON ({reason}); {fix}") from None
+
+
 def writable_folder(path: str | os.PathLike, what: str) -> Path:
     """Create `path` and check a file can be written there; else one sentence naming it (what: 'the run')."""
-    from blockforge.errors import BlockforgeError
-
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -49,5 +108,5 @@ def writable_folder(path: str | os.PathLike, what: str) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        raise BlockforgeError(f"{path}: cannot write {what} there ({err.strerror or err}); choose another --out") from None
+        raise WriteError(f"{path}: cannot write {what} there ({err.strerror or err}); choose another --out") from None
     return path

@@ -7,7 +7,6 @@ budget asks for more than the validation split holds, training samples follow, i
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from blockforge.errors import BlockforgeError
+from blockforge.io import read_json
 from blockforge.spec.recipe import Assignment, Recipe, apply_overrides, load_recipe, read_yaml, recipe_from_data
 
 
@@ -36,7 +36,8 @@ class Target:
         record = {"run": self.path / "checkpoints" / "latest.json", "export": self.path / "metrics.json"}.get(self.kind)
         if record is None or not record.exists():
             return None
-        return json.loads(record.read_text()).get("step")
+        data = read_json(record, "it is damaged; export the run again")
+        return data.get("step") if isinstance(data, dict) else None
 
 
 def open_target(path: str | Path, overrides: Iterable[Assignment] = ()) -> Target:

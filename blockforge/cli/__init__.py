@@ -9,8 +9,11 @@ into `Assignment`s (cli.common).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
 import sys
+import threading
 
 from blockforge.errors import BlockforgeError
 
@@ -34,12 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A disk that fills up or a file size limit hit anywhere is the machine's state, not a bug: one sentence too.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a bad flag (already printed as one line), --help or --version
         return stop.code if isinstance(stop.code, int) else 0
+    if threading.current_thread() is threading.main_thread():
+        # Past a file size limit (ulimit -f) a write then fails with an OSError, reported below, instead of killing us.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         return args.func(args)
     except BlockforgeError as err:
@@ -51,3 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`blockforge inspect ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         return 0
+    except OSError as err:
+        if err.errno not in _WRITE_ERRNOS:
+            raise
+        print(f"blockforge: error: {err.filename or 'a file'}: cannot be written ({err.strerror}); free space there or choose another folder",
+              file=sys.stderr)
+        return 2

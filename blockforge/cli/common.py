@@ -1,4 +1,4 @@
-"""What several subcommands share: the `--set` flag (parsed once into Assignments) and metric lines."""
+"""What several subcommands share: the `--set` flag (parsed once into Assignments), counts, and metric lines."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ def _assignment(text: str) -> Assignment:
         return parse_assignment(text)
     except SpecError as err:
         raise argparse.ArgumentTypeError(err.message) from None
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count; give 1 or more")
+    return value
 
 
 def add_set(parser: argparse.ArgumentParser) -> None:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    from blockforge.cli.common import positive_int
+
     p = sub.add_parser("eval", help="validation loss/perplexity (LM) or accuracy (vit) of a run or export")
     p.add_argument("dir", help="a run folder or an exported model folder")
-    p.add_argument("--batches", type=int, help="validation micro-batches (default: the recipe's train.eval_batches)")
+    p.add_argument("--batches", type=positive_int, help="validation micro-batches (default: the recipe's train.eval_batches)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=run)
 

@@ -15,22 +15,24 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
     p.add_argument("--format", choices=["blockforge", "hf", "timm"], default="blockforge",
                    help="blockforge (read by blockforge.load), hf (transformers: a llama, with its tokenizer) or timm (a uniform Pre-LN vit)")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a non-empty --out is refused without it)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.export import export_run
+    from blockforge.export import export_folder, export_run
 
     source = Path(args.source)
     if (source / "search.json").exists():
         from blockforge.search.best import export_best
 
-        out = export_best(source, args.out, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format)
+        with export_folder(args.out, force=args.force, run_dir=source) as stage:  # checked before any retraining
+            export_best(source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format)
     else:
         if args.cell or args.retrain:
             from blockforge.errors import BlockforgeError
 
             raise BlockforgeError(f"{source}: --cell and --retrain apply to a search folder, and this is not one (no search.json)")
-        out = export_run(source, args.out, format=args.format)
-    print(f"exported to {out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
+        export_run(source, args.out, force=args.force, format=args.format)
+    print(f"exported to {args.out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
     return 0

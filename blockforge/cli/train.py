@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +20,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command line that continues this run: the same recipe and --set flags, with --resume."""
+    sets = [part for assignment in args.overrides for part in ("--set", str(assignment))]
+    return shlex.join(["blockforge", "train", args.recipe, *sets, "--out", str(out), "--resume"])
+
+
 def run(args: argparse.Namespace) -> int:
     from blockforge.cli.common import format_metrics
     from blockforge.spec import load_recipe
@@ -29,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / Path(args.recipe).stem
     trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
     result = trainer.run()
+    if result.status == Status.INTERRUPTED:  # SIGTERM or Ctrl-C: the shell's code for death by that signal
+        if trainer.world.is_main:
+            print(f"blockforge: {result.message}; continue with: {resume_command(args, out)}", file=sys.stderr)
+        return 128 + result.signal
     if not trainer.world.is_main:
         return 0
     if result.status == Status.DIVERGED:

@@ -35,9 +35,19 @@ def dataset_for(recipe, *, run_dir: Path | None = None, seed: int | None = None)
     targets equal to it) and unigram_perplexity(); their tokenizer is saved into run_dir/tokenizer
     when run_dir is given. Caches (corpus, tokenizer, tokens) live under cache_dir().
     """
+    from blockforge.errors import WriteError
+
     spec = recipe.spec
     seed = recipe.train.seed if seed is None else seed
-    return get_family(spec.family).dataset(recipe.data, spec, seed, cache_dir(), run_dir)
+    cache = cache_dir()
+    try:
+        return get_family(spec.family).dataset(recipe.data, spec, seed, cache, run_dir)
+    except WriteError as err:
+        folder = getattr(err, "folder", None)
+        if folder is None or not folder.resolve().is_relative_to(cache.resolve()):
+            raise
+        raise WriteError(f"{folder}: cannot write {err.what} into the cache ({err.reason}); "
+                         "free space there or set BLOCKFORGE_CACHE to a folder with room") from None
 
 
 def load_tokenizer(directory: str | Path):

@@ -26,6 +26,7 @@ from blockforge.spec.family import get_family
 from blockforge.spec.model import ModelSpec, ResolvedSpec
 from blockforge.spec.resolve import resolve
 from blockforge.spec.strict import parse
+from blockforge.spec.strict_yaml import load_text, read_yaml
 from blockforge.spec.train import TrainConfig
 
 
@@ -52,26 +53,6 @@ class Recipe:
     def spec(self) -> ResolvedSpec:
         """The resolved model, computed once (a recipe is not changed after loading)."""
         return resolve(self.model)
-
-
-def read_yaml(path: str | os.PathLike) -> Any:
-    """safe_load of a file; a missing file or a syntax error becomes one SpecError sentence."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError("file not found; check the path", file=str(path)) from None
-    except IsADirectoryError:
-        raise SpecError("is a folder, not a YAML file", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"cannot be read ({err.__class__.__name__}: {err})", file=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(f"is not valid YAML ({where}{problem}); fix the syntax there", file=str(path)) from None
 
 
 def deep_merge(base: Mapping, top: Mapping) -> dict:
@@ -131,9 +112,13 @@ def parse_assignment(text: str) -> Assignment:
     if not sep or not key:
         raise SpecError(f"'{text}' is not KEY=VALUE; write e.g. --set model.layers.mix_ln.alpha=0.125", file="--set")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = load_text(value, file="--set", base_60_as_text=True) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
+    except SpecError as err:  # a key given twice in a mapping value, an alias bomb
+        raise SpecError(f"'{text}': {err.message}", path=key, file="--set") from None
+    except RecursionError:
+        raise SpecError(f"'{text}' nests too deeply", path=key, file="--set") from None
     return Assignment(key, parsed)
 
 
@@ -190,6 +175,10 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
+            if not part.lstrip("-").isdigit():
+                where = ".".join(parts[:i])
+                raise SpecError(f"is a list in the recipe, so '{part}' cannot be set in it; make {where} a mapping, or give a list index",
+                                path=where, file="--set")
             index = int(part)
             if not -len(node) <= index < len(node):
                 raise SpecError(f"index {index} is out of range (the list has {len(node)} items)", path=".".join(parts[: i + 1]), file="--set")
@@ -201,8 +190,12 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
         if last:
             node[part] = value
         else:
-            if not isinstance(node.get(part), (dict, list)):
+            if node.get(part) is None:
                 node[part] = {}
+            elif not isinstance(node[part], (dict, list)):
+                where = ".".join(parts[: i + 1])
+                raise SpecError(f"holds the single value {node[part]!r} in the recipe, so {key} cannot be set inside it; fix the recipe",
+                                path=where, file="--set")
             node = node[part]
 
 

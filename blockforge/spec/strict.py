@@ -82,8 +82,9 @@ def parse_value(tp: Any, value: Any, path: str, choices: tuple[str, ...] | None 
                 return parse_value(option, value, path, choices)
             except SpecError as err:
                 errors.append(err)
-        # A mapping or list that failed deeper down reports the deeper problem, not "wrong type".
-        deep = [e for e in errors if e.path != path]
+        # A mapping or list that failed deeper down reports the deeper problem, not "wrong type"; so does
+        # a value of the right type that is not allowed (an unknown choice).
+        deep = [e for e in errors if e.path != path or not e.message.startswith("must be")]
         if deep:
             raise deep[0]
         raise SpecError(f"must be {describe_type(tp)}, not {_describe_value(value)}", path=path)

@@ -43,3 +43,12 @@ def mean_across(value: torch.Tensor, world: World) -> torch.Tensor:
 def barrier(world: World) -> None:
     if world.size > 1:
         dist.barrier()
+
+
+def agree_on_stop(signum: int | None, world: World, device: torch.device) -> int | None:
+    """The stop signal any rank received (the largest number), so all ranks stop after the same step."""
+    if world.size == 1:
+        return signum
+    flag = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) or None

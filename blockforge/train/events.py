@@ -52,3 +52,4 @@ class TrainResult:
     metrics: dict = field(default_factory=dict)
     message: str = ""
     run_dir: Path | None = None
+    signal: int | None = None  # the signal that interrupted the run (status interrupted)

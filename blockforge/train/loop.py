@@ -3,8 +3,10 @@
 `Trainer.iterate()` yields an `Evaluation` after every evaluation so a search trial can report and
 stop a run; `Trainer.run()` drives it to the end; `callbacks` see every optimizer step. Same recipe,
 seed and machine give the same losses, and a run resumed from its checkpoint continues exactly
-where it stopped. The parts live beside it: runtime (device, precision), task (loss, evaluation,
-per-layer gradient norms), runlog (metrics.jsonl), checkpoint, events (statuses and events).
+where it stopped. A Trainer owns its run folder (run.lock) from start to end, and SIGTERM or a first
+Ctrl-C ends it cleanly after the current step (status interrupted). The parts live beside it: runtime
+(device, precision), task (loss, evaluation, per-layer gradient norms), runlog (metrics.jsonl),
+checkpoint, lock, signals, events (statuses and events).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,19 +24,21 @@ import yaml
 from torch import nn
 
 from blockforge.data import dataset_for
-from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, atomic_write_text, writable_folder
+from blockforge.errors import BlockforgeError, warn
+from blockforge.io import atomic_write_json, atomic_write_text, read_json, writable_folder
 from blockforge.nn.build import build_model
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
-from blockforge.train.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
-from blockforge.train.distributed import World, barrier, init_world, mean_across
+from blockforge.train.checkpoint import apply_weights, checkpoint_folders, restore_training_state, resume_checkpoint, save_checkpoint
+from blockforge.train.distributed import World, agree_on_stop, barrier, init_world, mean_across
 from blockforge.train.events import Evaluation, Status, Step, TrainResult
+from blockforge.train.lock import RunLock
 from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
 from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device, to_device
+from blockforge.train.signals import StopRequest
 from blockforge.train.task import evaluate, layer_grad_norms
 
 EXIT_DIVERGED = 3
@@ -45,11 +50,31 @@ def _rows(batch, start: int, stop: int):
     return batch[start:stop]
 
 
+def holds_run(path: Path) -> bool:
+    """Whether `path` holds a started run: a checkpoint, or a result."""
+    return bool(checkpoint_folders(path)) or (path / "checkpoints" / "latest.json").exists() or (path / "result.json").exists()
+
+
 def prepare_run_dir(path: Path, resume: bool) -> None:
-    """Create the run folder; refuse to overwrite a finished or started run unless resuming."""
-    writable_folder(path, "the run")
-    if not resume and (latest_checkpoint(path) is not None or (path / "result.json").exists()):
+    """Refuse to overwrite a finished or started run unless resuming (the folder exists and is locked by now)."""
+    if not resume and holds_run(path):
         raise BlockforgeError(f"{path}: already holds a run; pass --resume to continue it, or choose another --out")
+
+
+def fresh_start(path: Path) -> str:
+    """How to start again in a folder with nothing to resume (a run that ended before its first checkpoint)."""
+    if (path / "result.json").exists():
+        return "it ended before its first checkpoint (see result.json); delete the folder to start again, or choose another --out"
+    return "start the run without --resume"
+
+
+def forget_interruption(path: Path) -> None:
+    """Remove the result.json of an interrupted run that goes on now: it would outlive a later kill."""
+    result = path / "result.json"
+    if result.exists():
+        record = read_json(result, "delete it; the run's checkpoints are what resuming needs")
+        if isinstance(record, dict) and record.get("status") == Status.INTERRUPTED:
+            result.unlink()
 
 
 class Trainer:
@@ -76,23 +101,38 @@ class Trainer:
             )
         self.accumulation = cfg.batch_size // (cfg.micro_batch * self.world.size)
         self.progress = progress and self.world.is_main
+        if resume and not checkpoint_folders(self.run_dir):  # before anything is written
+            raise BlockforgeError(f"{self.run_dir}: has no checkpoint to resume from; {fresh_start(self.run_dir)}")
+        self.lock = RunLock(self.run_dir)
+        weakref.finalize(self, self.lock.release)  # a Trainer dropped before its end lets go of the folder
+        try:
+            self._set_up(resume)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _set_up(self, resume: bool) -> None:
+        cfg, device = self.cfg, self.device
         if self.world.is_main:
+            writable_folder(self.run_dir, "the run")
+            self.lock.acquire()
             prepare_run_dir(self.run_dir, resume)
         barrier(self.world)
 
-        self.data = dataset_for(recipe, run_dir=self.run_dir if self.world.is_main else None)
+        self.data = dataset_for(self.recipe, run_dir=self.run_dir if self.world.is_main else None)
         self.pad_id = getattr(self.data, "pad_id", None)
         self.model = build_model(self.spec, device=device, seed=cfg.seed)
         self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}}
-        checkpoint = latest_checkpoint(self.run_dir) if resume else None
-        if checkpoint is not None:  # full weights go in before any sharding
-            load_weights(self.model, checkpoint / "model.safetensors")
+        checkpoint = None
+        if resume:  # the newest intact checkpoint; full weights go in before any sharding
+            checkpoint = resume_checkpoint(self.run_dir, self.model, self.spec, say=warn if self.world.is_main else lambda line: None)
+            apply_weights(self.model, checkpoint.weights)
         self._speed_up(cfg)
         self.sharded = self.world.size > 1 and cfg.parallel == "fsdp"
         self.train_model = self._parallelize(self.model)
         self.optimizer = make_optimizer(self.model, self.spec, cfg, device)
         if checkpoint is not None:
-            self.state.update(load_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
+            self.state.update(restore_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
         self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main)
         self.data_info: dict[str, Any] = {}  # the data's description; filled on the main rank
@@ -100,7 +140,8 @@ class Trainer:
             self._write_run_files()
             self.log.trim(self.state["step"])
             if checkpoint is not None:
-                self.log.write({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.name})
+                forget_interruption(self.run_dir)
+                self.log.write({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.folder.name})
 
     # ---- set-up helpers -----------------------------------------------------------------------
 
@@ -200,8 +241,32 @@ class Trainer:
             self.log.close()
         return result
 
+    def _interrupt(self, step: int, signum: int, checkpointed: bool) -> None:
+        """End the run after `step` on a stop signal: a checkpoint (unless this step wrote one) and result.json."""
+        import signal
+
+        if not checkpointed:
+            self._checkpoint()
+        name = signal.Signals(signum).name
+        self.log.write({"step": step, "event": "interrupted", "signal": name})
+        message = f"interrupted by {name} after step {step}; the checkpoint of step {step} is written"
+        self.result = self._finish(TrainResult(Status.INTERRUPTED, step, self.state["metrics"], message, self.run_dir, signal=signum))
+
+    def close(self) -> None:
+        """Let go of the run folder (done when a run ends; for a Trainer that will not be iterated)."""
+        self.lock.release()
+
     def iterate(self) -> Iterator[Evaluation]:
         """Train; yield an Evaluation after every evaluation (and on divergence); finally set self.result."""
+        if self.world.is_main:
+            self.lock.acquire()  # again, if an earlier iterate() ended
+        try:
+            with StopRequest() as stop:
+                yield from self._iterate(stop)
+        finally:
+            self.lock.release()
+
+    def _iterate(self, stop: StopRequest) -> Iterator[Evaluation]:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -253,6 +318,11 @@ class Trainer:
                     self.result = self._finish(TrainResult(Status.COMPLETED, step, metrics, f"finished {step} steps", self.run_dir))
                 if evaluate_now:
                     yield Evaluation(step, metrics, folder, done=step == cfg.steps)
+                signum = agree_on_stop(stop.signum, self.world, self.device)  # every rank stops after the same step
+                if signum and step < cfg.steps:
+                    bar.close()
+                    self._interrupt(step, signum, bool(checkpoint_now))
+                    return
         finally:
             bar.close()
         if self.state["step"] >= cfg.steps and self.result is None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_text
+from blockforge.io import atomic_write_text, writes_into
 
 
 class RunLog:
@@ -26,7 +26,7 @@ class RunLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with writes_into(self.path.parent, self.path.name), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tensorboard is not None:
             for key, value in record.items():
@@ -37,9 +37,18 @@ class RunLog:
         """Drop lines past `step` (the checkpoint being resumed), so the log reads as one clean run."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        kept = [line for line in self.path.read_text().splitlines() if _step(line) <= step]
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def close(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.close()
+
+
+def _step(line: str) -> float:
+    """The step of a metrics.jsonl line; a damaged line (a run killed mid-write) sorts after every step, so trim drops it."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+    return step if isinstance(step, (int, float)) else float("inf")

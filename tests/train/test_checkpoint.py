@@ -53,17 +53,17 @@ def test_round_trip(tmp_path, tied):
         assert torch.equal(a, b)
 
 
-def test_latest_points_at_newest_and_old_ones_are_pruned(tmp_path):
+def test_latest_points_at_newest_and_the_last_two_are_kept(tmp_path):
     _, model, optimizer = _setup()
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, model, optimizer, {"step": step})
+        save_checkpoint(tmp_path, model, optimizer, {"step": step, "data_position": step})
     assert latest_checkpoint(tmp_path).name == "step-00000003"
-    assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000003"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest.json", "step-00000002", "step-00000003"]
 
 
 def test_weights_of_another_shape_are_refused(tmp_path):
     _, model, optimizer = _setup(width=32)
     folder = save_checkpoint(tmp_path, model, optimizer, {"step": 1})
     _, other, _ = _setup(width=48)
-    with pytest.raises(BlockforgeError, match="do not fit"):
+    with pytest.raises(BlockforgeError, match=r"embed.weight with shape \[20, 32\], but the model's spec builds \[20, 48\]"):
         load_weights(other, folder / "model.safetensors")

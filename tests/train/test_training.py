@@ -1,7 +1,8 @@
-"""Training runs: determinism, exact resume after SIGKILL, export round trip, divergence, bad inputs."""
+"""Training runs: determinism, exact resume after SIGKILL or SIGTERM, export round trip, divergence, bad inputs."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -163,3 +164,57 @@ def test_generate_command_continues_a_prompt_from_a_run(tmp_path, recipe_file, c
     assert out.startswith("the model") and out.endswith("\n")
     assert main(["generate", str(tmp_path / "run"), "--prompt", "x", "--max-new-tokens", "500"]) == 2
     assert "context of 32" in capsys.readouterr().err
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread here and in subprocesses: the same numbers on both sides, and no spinning threads on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield dict(os.environ, OMP_NUM_THREADS="1")
+    torch.set_num_threads(threads)
+
+
+def test_sigterm_or_ctrl_c_ends_the_run_cleanly_and_resume_gives_the_same_curve(tmp_path, recipe_file, one_thread):
+    """Preemption at a random moment: exit 128+signal, status interrupted, no temporary file, then an exact resume."""
+    path = recipe_file(steps=200, checkpoint_every=50, eval_every=100)
+    reference = train(load_recipe(path), tmp_path / "reference", progress=False)
+    env = one_thread
+    for attempt, signum in enumerate((signal.SIGTERM, signal.SIGINT)):
+        run = tmp_path / f"run-{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "blockforge", "train", str(path), "--out", str(run), "--no-progress"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log = run / "metrics.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log.exists() and '"event": "train"' in log.read_text()):
+            time.sleep(0.01)
+        time.sleep(random.uniform(0.0, 0.3))  # a random moment after the first logged step
+        proc.send_signal(signum)
+        err = proc.communicate(timeout=120)[1]
+        assert proc.returncode == 128 + signum, err
+        assert err.count("\n") == 1 and "Traceback" not in err and f"--out {run} --resume" in err, err
+        result = json.loads((run / "result.json").read_text())
+        stopped = result["step"]
+        assert result["status"] == "interrupted" and 0 < stopped < 200, result
+        assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == stopped
+        assert [p for p in run.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".partial")] == []
+        assert not (run / "run.lock").exists()
+
+        resumed = train(load_recipe(path), run, resume=True, progress=False)
+        assert resumed.status == "completed"
+        assert losses(run) == losses(tmp_path / "reference")
+        assert resumed.metrics["val_loss"] == reference.metrics["val_loss"]
+
+
+def test_a_signal_through_the_python_api_interrupts_after_the_step(tmp_path, recipe_file):
+    from blockforge.train.loop import Trainer
+
+    def preempt(trainer, step):
+        if step.step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    result = Trainer(load_recipe(recipe_file(steps=20)), tmp_path / "run", progress=False, callbacks=[preempt]).run()
+    assert result.status == "interrupted" and result.step == 7 and result.signal == signal.SIGTERM
+    assert (tmp_path / "run" / "checkpoints" / "step-00000007").is_dir()
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handlers are put back
