@@ -361,39 +361,6 @@ class ResolvedSpec:
                 f"was written in spec format {self.format}, newer than this blockforge reads ({SPEC_FORMAT}); upgrade blockforge",
                 path="format",
             )
-        self._check_as_authored()
-
-    def _check_as_authored(self) -> None:
-        """A spec.yaml gets every check a recipe's model gets: written out as a ModelSpec (one override per
-        layer), parsed and resolved again, it must give back this very spec."""
-        from blockforge.spec.resolve import resolve
-        from blockforge.spec.strict import parse
-
-        if not self.layers:
-            raise SpecError("lists no layers; give one per block", path="layers")
-        family = get_family(self.family, "family")
-        for key in family.required:  # a ModelSpec would fill in its default; a resolved spec must say it
-            if getattr(self, key) is None:
-                raise SpecError(f"is required for family {self.family}", path=key)
-        plain = {key: value for key, value in to_plain(self).items() if value is not None and key not in ("format", "layers")}
-        plain["depth"] = len(self.layers)
-        first = self.layers[0]
-        plain.update(heads=first.heads, ffn=first.ffn)
-        fields = ("placement", "heads", "ffn", "init_scale", "lr_mult")
-        plain["layers"] = {"overrides": [dict({key: getattr(layer, key) for key in fields}, at=i) for i, layer in enumerate(self.layers)]}
-        try:
-            again = resolve(parse(ModelSpec, plain))
-        except SpecError as err:  # said in spec.yaml's own terms: layers[3].heads, not model.layers.overrides[3].heads
-            raise SpecError(err.message, path=err.path.removeprefix("model.").replace("layers.overrides[", "layers[")) from None
-        for i, (layer, resolved) in enumerate(zip(self.layers, again.layers)):
-            if layer != resolved:
-                raise SpecError(f"says index {layer.index}, but it is layer {i}", path=f"layers[{i}].index")
-        for key, value in to_plain(again).items():
-            if key in ("format", "layers") or value == getattr(self, key):
-                continue
-            if value is None:
-                raise SpecError(f"does not apply to family {self.family}; remove it", path=key)
-            raise SpecError(f"is {getattr(self, key)!r}, but a {self.family} spec resolves it to {value!r}; write that", path=key)
 
     def layer_table(self) -> tuple[list[str], list[list]]:
         """Headers and one row per layer: placement, heads, head_dim, ffn, init_scale, lr_mult, and every other

@@ -175,3 +175,43 @@ def ramp_settings(ramp, layers: list[dict], spec: ModelSpec) -> list[dict]:
             if getattr(ramp, key) is not None:
                 out[i][key] = multipliers(getattr(ramp, key), decimals=None)[i]
     return out
+
+
+def check_resolved(spec: ResolvedSpec) -> None:
+    """A resolved spec read from a file (spec.yaml) gets every check a recipe's model gets: written out as a
+    ModelSpec (one override per layer), parsed and resolved again, it must give back this very spec."""
+    from blockforge.spec.strict import parse
+
+    if not spec.layers:
+        raise SpecError("lists no layers; give one per block", path="layers")
+    family = get_family(spec.family, "family")
+    for key in family.required:  # a ModelSpec would fill in its default; a resolved spec must say it
+        if getattr(spec, key) is None:
+            raise SpecError(f"is required for family {spec.family}", path=key)
+    plain = {key: value for key, value in to_plain(spec).items() if value is not None and key not in ("format", "layers")}
+    first = spec.layers[0]
+    plain.update(depth=len(spec.layers), heads=first.heads, ffn=first.ffn)
+    fields = ("heads", "kv_heads", "head_dim", "ffn", "window", "norm", "qk_norm", "v_norm", "layer_scale", "init_scale", "lr_mult")
+
+    def authored(i: int, layer: LayerSpec) -> dict:
+        attn, mlp = layer.placements
+        placement = attn if attn == mlp else {"attn": attn, "mlp": mlp}
+        return {"at": i, "placement": placement, **{key: getattr(layer, key) for key in fields}}
+
+    plain["layers"] = {"overrides": [authored(i, layer) for i, layer in enumerate(spec.layers)]}
+    try:
+        again = resolve(parse(ModelSpec, plain))
+    except SpecError as err:  # said in spec.yaml's own terms: layers[3].heads, not model.layers.overrides[3].heads
+        raise SpecError(err.message, path=err.path.removeprefix("model.").replace("layers.overrides[", "layers[")) from None
+    for i, (layer, resolved) in enumerate(zip(spec.layers, again.layers)):
+        if layer.index != i:
+            raise SpecError(f"says index {layer.index}, but it is layer {i}", path=f"layers[{i}].index")
+        for key, value in to_plain(resolved).items():
+            if value != getattr(layer, key):
+                raise SpecError(f"is {getattr(layer, key)!r}, but that layer resolves it to {value!r}; write that", path=f"layers[{i}].{key}")
+    for key, value in to_plain(again).items():
+        if key in ("format", "layers") or value == getattr(spec, key):
+            continue
+        if value is None:
+            raise SpecError(f"does not apply to family {spec.family}; remove it", path=key)
+        raise SpecError(f"is {getattr(spec, key)!r}, but a {spec.family} spec resolves it to {value!r}; write that", path=key)

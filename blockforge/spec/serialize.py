@@ -10,6 +10,7 @@ import yaml
 from blockforge.errors import SpecError
 from blockforge.io import atomic_write_text
 from blockforge.spec.model import ResolvedSpec
+from blockforge.spec.resolve import check_resolved
 from blockforge.spec.recipe import read_yaml
 from blockforge.spec.strict import parse, to_plain
 
@@ -24,8 +25,11 @@ def spec_to_yaml(spec: ResolvedSpec) -> str:
 
 
 def spec_from_yaml(data: dict, *, file: str | None = None) -> ResolvedSpec:
+    """A resolved spec from YAML data, checked as strictly as a recipe's model (see resolve.check_resolved)."""
     try:
-        return parse(ResolvedSpec, data)
+        spec = parse(ResolvedSpec, data)
+        check_resolved(spec)
+        return spec
     except SpecError as err:
         raise err.located(file) from None
 
