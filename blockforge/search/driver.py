@@ -9,22 +9,31 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
+from blockforge.search import reaper
 from blockforge.search.config import SearchPlan, load_search
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.train.events import Status
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
+PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
+CONNECT_TIMEOUT_S = 20.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
 
 
-def ensure_ray(address: str | None, plan: SearchPlan) -> bool:
-    """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started here."""
-    if address is None:
+def ensure_ray(address: str | None) -> bool:
+    """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started or joined here."""
+    if address is not None:
+        _probe(address)
+    else:
         # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -36,13 +45,69 @@ def ensure_ray(address: str | None, plan: SearchPlan) -> bool:
         return False
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="warning", configure_logging=True)
     if address is not None:
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({str(err).splitlines()[0]}); start it with `ray start --head` or check the address") from None
+        _join(address, quiet)
         return True
-    ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+    token = reaper.start()  # before Ray starts: whatever of it outlives this process is ended
+    if token is not None:
+        os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
+    try:
+        # In this thread: Ray ties the GCS and the raylet to the life of the thread that starts them.
+        ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+    except BaseException:
+        reaper.release()
+        raise
+    finally:
+        os.environ.pop(reaper.MARK, None)
     return True
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started or joined; the watcher ends any process of it that lingers."""
+    import ray
+
+    try:
+        ray.shutdown()
+    finally:
+        reaper.release()
+
+
+def _probe(address: str) -> None:
+    """One sentence, within seconds, when nothing accepts a connection at `address` (host:port or ray://host:port)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # 'auto' and the like: Ray finds the address itself, and CONNECT_TIMEOUT_S bounds it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except socket.timeout:
+        raise BlockforgeError(f"--address {address}: nothing answers within {PROBE_TIMEOUT_S:g} s; check the address, or start the cluster with `ray start --head`") from None
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise BlockforgeError(f"--address {address}: cannot connect ({reason}); check the address, or start the cluster with `ray start --head`") from None
+
+
+def _join(address: str, settings: dict) -> None:
+    """ray.init(address=...) with a deadline: in a helper thread, since it can wait minutes on a port that is not Ray's."""
+    import ray
+
+    outcome: dict = {}
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, **settings)
+            outcome["ok"] = True
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+
+    worker = threading.Thread(target=connect, name="ray-join", daemon=True)
+    worker.start()
+    worker.join(CONNECT_TIMEOUT_S)
+    if worker.is_alive():
+        raise BlockforgeError(f"--address {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s; check that the address is the head node's GCS (port 6379 by default)")
+    err = outcome.get("error")
+    if err is not None:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({first}); start it with `ray start --head` or check the address") from None
 
 
 class ProgressView:
@@ -101,6 +166,86 @@ class SearchOutcome:
     search_dir: Path
     records: list[TrialRecord]
     summary: str
+    interrupted: int | None = None  # the signal that stopped the search early (it resumes with --resume)
+    resume_command: str = ""
+
+
+class SearchStopped(BlockforgeError):
+    """A signal arrived before the first trial started: nothing to resume, nothing left behind."""
+
+    def __init__(self, signum: int):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the search started; run it again")
+
+
+class Interrupts:
+    """SIGTERM and a first SIGINT stop a search the way Ray Tune stops on Ctrl-C: no new trials, the
+    experiment state saved, running trials stopped where their checkpoints let them resume. Before
+    the first trial they abandon the start; while the reports are written they only note the signal.
+    A second signal ends the driver at once (the reaper ends a local Ray).
+
+    Handlers are installed only from the main thread (Python allows no other), and again after Ray
+    starts, since ray.init puts in its own SIGTERM handler.
+    """
+
+    def __init__(self, resume_command: str):
+        self.resume_command = resume_command
+        self.signal: int | None = None
+        self.phase = "start"  # start -> fit -> end
+        self._saved: dict = {}
+
+    def __enter__(self) -> "Interrupts":
+        self.arm()
+        return self
+
+    def arm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.signal(sig, self._handle)
+            self._saved.setdefault(sig, previous)
+        # SIGINT comes here first; Tune hears of it through its SIGUSR1 handler (see _handle).
+        self._saved.setdefault("env", os.environ.get("TUNE_DISABLE_SIGINT_HANDLER"))
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+    def __exit__(self, *exc) -> None:
+        env = self._saved.pop("env", None)
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        if env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal is not None:
+            print(f"blockforge: {name} again: stopped at once; resume with: {self.resume_command}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signal = signum
+        if self.phase == "start":
+            raise SearchStopped(signum)
+        if self.phase == "fit":
+            tune_stop = signal.getsignal(signal.SIGUSR1)  # Ray Tune's graceful stop, installed for the run
+            if callable(tune_stop):
+                print(f"blockforge: {name}: stopping the running trials; send it again to stop at once", file=sys.stderr, flush=True)
+                tune_stop(signal.SIGUSR1, frame)
+            else:  # Tune has not installed it yet: unwind
+                raise SearchStopped(signum)
+
+
+class _QuietWhenInterrupted:
+    """Drops Ray Tune's own lines about an interrupted run (they name Tuner.restore; --resume is the way here)."""
+
+    def __init__(self, interrupts: Interrupts):
+        self.interrupts = interrupts
+
+    def filter(self, record) -> bool:
+        return self.interrupts.signal is None
+
+
+def resume_command(path: str | os.PathLike, search_dir: Path) -> str:
+    return f"blockforge search {path} --out {search_dir} --resume"
 
 
 def _trainable(plan: SearchPlan, search_dir: Path):
@@ -116,7 +261,14 @@ def run_search(
     path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool = False,
     max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
 ) -> SearchOutcome:
-    """Run (or resume) the search in `path`; returns the records and the printed summary."""
+    """Run (or resume) the search in `path`; returns the records and the printed summary.
+
+    Everything that can be checked before a trial starts is: the search file, the flags, each cell's
+    memory plan (before Ray starts), and the trial's resources and memory against the cluster's nodes
+    (once connected). A start that fails leaves no search.json behind, so the next plain run works.
+    """
+    if max_concurrent is not None and max_concurrent < 1:
+        raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
     plan = load_search(path, overrides)
     search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
     search_dir = search_dir.resolve()
@@ -127,51 +279,74 @@ def run_search(
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
     if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
         raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
-    writable_folder(search_dir, "the search")
-    atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+    from blockforge.search.preflight import check_cluster, memory_needs
 
-    started_here = ensure_ray(address, plan)
+    needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
+    writable_folder(search_dir, "the search")
+    ledger = Ledger(search_dir / "trials.jsonl")
+    with Interrupts(resume_command(path, search_dir)) as interrupts:
+        started_here = ensure_ray(address)
+        try:
+            interrupts.arm()
+            check_cluster(plan, needs, address)
+            if not resume:
+                atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+            view = ProgressView(ledger, plan, every_s=progress_every_s)
+            _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
+        except BaseException:
+            if interrupts.phase == "start" and not resume:
+                marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
+            raise
+        finally:
+            if interrupts.phase != "start":
+                ledger.mark_interrupted(f"stopped with the search; resumes from its checkpoint with --resume")
+            if started_here:
+                stop_ray()
+        interrupts.phase = "end"
+        view.update(force=True)
+        from blockforge.search.report import write_reports
+
+        summary = write_reports(search_dir, plan, ledger)
+    return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command)
+
+
+def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
+    """Build (or restore) the Tuner and run it until the search ends or a signal stops it."""
     import logging
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
+    quiet = _QuietWhenInterrupted(interrupts)
+    logging.getLogger("ray.tune.tune").addFilter(quiet)
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
+    from blockforge.search.evidence import t_quantile
     from blockforge.search.searcher import CellScheduler, CellSearcher
 
-    from blockforge.search.evidence import t_quantile
-
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
-    ledger = Ledger(search_dir / "trials.jsonl")
-    view = ProgressView(ledger, plan, every_s=progress_every_s)
     trainable = _trainable(plan, search_dir)
     experiment = search_dir / "tune"
+    if resume and tune.Tuner.can_restore(str(experiment)):
+        # Errored trials stay failed, as the ledger records them; trials still running when the driver
+        # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
+        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        scheduler = CellScheduler(plan) if plan.asha is not None else None
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
+                max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
+                metric=OBJECTIVE, mode=plan.mode,
+            ),
+            run_config=tune.RunConfig(
+                name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
+                failure_config=tune.FailureConfig(max_failures=2),
+            ),
+        )
+    interrupts.phase = "fit"
     try:
-        if resume and tune.Tuner.can_restore(str(experiment)):
-            tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            scheduler = CellScheduler(plan) if plan.asha is not None else None
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(
-                    search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
-                    max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
-                    metric=OBJECTIVE, mode=plan.mode,
-                ),
-                run_config=tune.RunConfig(
-                    name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
-                    failure_config=tune.FailureConfig(max_failures=2),
-                ),
-            )
         tuner.fit()
     finally:
-        if started_here:
-            import ray
-
-            ray.shutdown()
-    view.update(force=True)
-    from blockforge.search.report import write_reports
-
-    summary = write_reports(search_dir, plan, ledger)
-    return SearchOutcome(search_dir, ledger.records(), summary)
+        logging.getLogger("ray.tune.tune").removeFilter(quiet)

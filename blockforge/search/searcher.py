@@ -12,6 +12,7 @@ only, so early stopping compares trials of one cell and never stops a replicate.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
@@ -316,6 +317,33 @@ class CellSearcher(Searcher):
 
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self._take_in_ledger()
+
+    def _take_in_ledger(self) -> None:
+        """After a restore, take in what the ledger recorded after this state was saved (Tune saves it
+        every few seconds, the ledger is written at once). Those trials are unknown to the restored state
+        and to Tune: their numbers are not given out again; what they finished counts against the budget
+        and makes a new proposal of the same model a free duplicate; those still running end as
+        interrupted, and a new proposal of the same model resumes from their run folder."""
+        trained_end = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
+        for record in self.ledger.records():
+            if record.trial < self.asked[record.cell]:
+                continue
+            self.asked[record.cell] = record.trial + 1
+            if record.status == Status.RUNNING:
+                self.ledger.append(replace(record, status=Status.INTERRUPTED, note="running when the search stopped, before its state was saved"))
+                continue
+            if record.status not in trained_end or not record.identity:
+                continue  # duplicates and invalid proposals cost nothing
+            info = {"cell": record.cell, "number": record.trial, "searched": dict(record.overrides), "seed": record.seed, "stage": record.stage}
+            info["overrides"] = self.plan.seed_overrides(record.cell, info["searched"], record.seed)
+            self._identify(info)
+            if record.stage == "explore":
+                self.runs[record.cell] += 1
+            key = (record.cell, record.identity)
+            if key not in self.done or record.status in (Status.COMPLETED, Status.DIVERGED):
+                self.done[key] = {"status": record.status, "value": record.value if record.status != Status.DIVERGED else self.plan.penalty,
+                                  "number": record.trial, "record": record, "info": info}
 
 
 class CellScheduler(FIFOScheduler):
