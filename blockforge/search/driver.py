@@ -8,9 +8,11 @@ results.csv, best/, summary.md, the plots and the fitted alpha law.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -26,7 +28,7 @@ from blockforge.train.events import Status
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
-CONNECT_TIMEOUT_S = 20.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
+CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
 
 
 def ensure_ray(address: str | None) -> bool:
@@ -86,28 +88,24 @@ def _probe(address: str) -> None:
         raise BlockforgeError(f"--address {address}: cannot connect ({reason}); check the address, or start the cluster with `ray start --head`") from None
 
 
+# Joins the cluster from a short-lived process first: ray.init can wait for minutes on an address that
+# accepts connections but is no Ray (or a stale 'auto'), logging every attempt; a process can be ended.
+_JOIN_CHECK = "import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, logging_level='error')"
+
+
 def _join(address: str, settings: dict) -> None:
-    """ray.init(address=...) with a deadline: in a helper thread, since it can wait minutes on a port that is not Ray's."""
+    """ray.init(address=...), once a short-lived process has joined the cluster within CONNECT_TIMEOUT_S."""
     import ray
 
-    outcome: dict = {}
-
-    def connect() -> None:
-        try:
-            ray.init(address=address, **settings)
-            outcome["ok"] = True
-        except BaseException as err:  # handed to the caller's thread
-            outcome["error"] = err
-
-    worker = threading.Thread(target=connect, name="ray-join", daemon=True)
-    worker.start()
-    worker.join(CONNECT_TIMEOUT_S)
-    if worker.is_alive():
-        raise BlockforgeError(f"--address {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s; check that the address is the head node's GCS (port 6379 by default)")
-    err = outcome.get("error")
-    if err is not None:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({first}); start it with `ray start --head` or check the address") from None
+    try:
+        check = subprocess.run([sys.executable, "-c", _JOIN_CHECK, address], capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BlockforgeError(f"--address {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s; check that the address is the head node's (port 6379 by default)") from None
+    if check.returncode != 0:
+        lines = [line for line in check.stderr.strip().splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else f"exit status {check.returncode}")
+        raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({reason.strip()}); start it with `ray start --head` or check the address")
+    ray.init(address=address, **settings)
 
 
 class ProgressView:
@@ -234,8 +232,11 @@ class Interrupts:
                 raise SearchStopped(signum)
 
 
+QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
+
+
 class _QuietWhenInterrupted:
-    """Drops Ray Tune's own lines about an interrupted run (they name Tuner.restore; --resume is the way here)."""
+    """Drops Ray Tune's own lines about an interrupted run: they name Tuner.restore (--resume is the way here)."""
 
     def __init__(self, interrupts: Interrupts):
         self.interrupts = interrupts
@@ -279,6 +280,8 @@ def run_search(
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
     if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
         raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
+    if address is not None:
+        _probe(address)  # seconds, not the minutes of a Ray start that waits on it
     from blockforge.search.preflight import check_cluster, memory_needs
 
     needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
@@ -312,12 +315,14 @@ def run_search(
 
 def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it."""
-    import logging
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
+    # Tune's result table misses trials that reported nothing to it (restored ones); the ledger has them all.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     quiet = _QuietWhenInterrupted(interrupts)
-    logging.getLogger("ray.tune.tune").addFilter(quiet)
+    for name in QUIET_WHEN_INTERRUPTED:
+        logging.getLogger(name).addFilter(quiet)
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
@@ -349,4 +354,5 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     try:
         tuner.fit()
     finally:
-        logging.getLogger("ray.tune.tune").removeFilter(quiet)
+        for name in QUIET_WHEN_INTERRUPTED:
+            logging.getLogger(name).removeFilter(quiet)
