@@ -148,7 +148,7 @@ def _check_alpha(value: Any, path: str) -> None:
     try:
         MixLN(alpha=value).check(path)
     except SpecError as err:
-        raise SpecError(f"alpha {err.message}; keep the searched values inside [0, 1]", path=path) from None
+        raise SpecError(f"alpha {err.message}; search values inside it", path=path) from None
 
 
 def _overlap(a: str, b: str) -> bool:
