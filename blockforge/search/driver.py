@@ -41,11 +41,10 @@ def ensure_ray(address: str | None) -> bool:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    import ray
-
+    ray = _import_ray()
     if ray.is_initialized():
         return False
-    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="warning", configure_logging=True)
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True)
     if address is not None:
         _join(address, quiet)
         return True
@@ -53,23 +52,78 @@ def ensure_ray(address: str | None) -> bool:
     if token is not None:
         os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
     try:
-        # In this thread: Ray ties the GCS and the raylet to the life of the thread that starts them.
-        ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+        _init_ray(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
     except BaseException:
-        reaper.release()
+        stop_ray()
         raise
     finally:
         os.environ.pop(reaper.MARK, None)
     return True
 
 
+_keeper: threading.Event | None = None  # set by stop_ray: the thread that started Ray may end
+
+
+def _init_ray(**settings) -> None:
+    """ray.init in a thread of its own that lives until stop_ray.
+
+    Not in the main thread: there ray.init puts in a SIGTERM handler that raises SystemExit wherever
+    ray.init happens to be, which can crash the interpreter; this way a signal while Ray starts reaches
+    the search's handlers (Interrupts), which only note it. The thread outlives the search because Ray
+    ties the GCS and the raylet it starts to the life of the thread that started them.
+    """
+    global _keeper
+    import ray
+
+    started, release, outcome = threading.Event(), threading.Event(), {}
+    settings = {**settings, "logging_level": "error"}  # its start-up warnings (one about this thread); sentences say what matters
+
+    def keep() -> None:
+        try:
+            ray.init(**settings)
+            logging.getLogger("ray").setLevel(logging.WARNING)
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+        started.set()
+        if "error" not in outcome:
+            release.wait()
+
+    threading.Thread(target=keep, name="ray-keeper", daemon=True).start()
+    while not started.wait(0.2):
+        pass  # the main thread stays free to run signal handlers
+    if "error" in outcome:
+        raise outcome["error"]
+    _keeper = release
+
+
+def _import_ray():
+    """`import ray` with Ray's crash-signal handler off in this process only: it would also catch a SIGTERM
+    that arrives while Ray starts and abort, where the search stops cleanly (Interrupts). Ray reads the
+    setting once, when imported; the processes Ray starts do not inherit it, and keep theirs."""
+    if "ray" not in sys.modules:
+        saved = os.environ.get("RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+        os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+        try:
+            import ray  # noqa: F401
+        finally:
+            if saved is None:
+                os.environ.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+            else:
+                os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = saved
+    return sys.modules["ray"]
+
+
 def stop_ray() -> None:
     """Shut down the Ray this process started or joined; the watcher ends any process of it that lingers."""
     import ray
 
+    global _keeper
     try:
         ray.shutdown()
     finally:
+        if _keeper is not None:
+            _keeper.set()
+            _keeper = None
         reaper.release()
 
 
@@ -95,8 +149,6 @@ _JOIN_CHECK = "import sys, ray; ray.init(address=sys.argv[1], include_dashboard=
 
 def _join(address: str, settings: dict) -> None:
     """ray.init(address=...), once a short-lived process has joined the cluster within CONNECT_TIMEOUT_S."""
-    import ray
-
     try:
         check = subprocess.run([sys.executable, "-c", _JOIN_CHECK, address], capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -105,7 +157,7 @@ def _join(address: str, settings: dict) -> None:
         lines = [line for line in check.stderr.strip().splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else f"exit status {check.returncode}")
         raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({reason.strip()}); start it with `ray start --head` or check the address")
-    ray.init(address=address, **settings)
+    _init_ray(address=address, **settings)
 
 
 class ProgressView:
@@ -147,6 +199,9 @@ def _tune_callback(view: ProgressView):
     from ray.tune import Callback
 
     class Live(Callback):
+        def setup(self, **info):
+            _tune_listening()
+
         def on_trial_complete(self, iteration, trials, trial, **info):
             view.update(tune_trials=trials)
 
@@ -178,21 +233,28 @@ class SearchStopped(BlockforgeError):
 
 class Interrupts:
     """SIGTERM and a first SIGINT stop a search the way Ray Tune stops on Ctrl-C: no new trials, the
-    experiment state saved, running trials stopped where their checkpoints let them resume. Before
-    the first trial they abandon the start; while the reports are written they only note the signal.
-    A second signal ends the driver at once (the reaper ends a local Ray).
+    experiment state saved, running trials stopped where their checkpoints let them resume. A second
+    signal ends the driver at once (the reaper ends a local Ray).
+
+    A signal is only noted where it arrives, never raised into Ray's code: before Tune runs, the start
+    stops at its next `check`; once Tune runs, the signal goes to Tune's own graceful stop (its SIGUSR1
+    handler) as soon as Tune listens, which the search's Tune callback reports from its setup. While
+    the reports are written a signal changes nothing but the exit status.
 
     Handlers are installed only from the main thread (Python allows no other), and again after Ray
-    starts, since ray.init puts in its own SIGTERM handler.
+    starts, over any crash handler Ray's core put in for SIGTERM.
     """
 
     def __init__(self, resume_command: str):
         self.resume_command = resume_command
         self.signal: int | None = None
         self.phase = "start"  # start -> fit -> end
+        self.tune_listens = False
         self._saved: dict = {}
 
     def __enter__(self) -> "Interrupts":
+        global _ACTIVE
+        _ACTIVE = self
         self.arm()
         return self
 
@@ -202,11 +264,13 @@ class Interrupts:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.signal(sig, self._handle)
             self._saved.setdefault(sig, previous)
-        # SIGINT comes here first; Tune hears of it through its SIGUSR1 handler (see _handle).
+        # SIGINT comes here first; Tune hears of it through its SIGUSR1 handler (see _forward).
         self._saved.setdefault("env", os.environ.get("TUNE_DISABLE_SIGINT_HANDLER"))
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
 
     def __exit__(self, *exc) -> None:
+        global _ACTIVE
+        _ACTIVE = None
         env = self._saved.pop("env", None)
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
@@ -215,21 +279,40 @@ class Interrupts:
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
 
+    def check(self) -> None:
+        """Before Tune runs: stop here if a signal came."""
+        if self.signal is not None:
+            raise SearchStopped(self.signal)
+
+    def listening(self) -> None:
+        """Tune's loop is about to run, with its graceful stop installed."""
+        self.tune_listens = True
+        self._forward()
+
+    def _forward(self) -> None:
+        tune_stop = signal.getsignal(signal.SIGUSR1)  # Ray Tune's graceful stop, installed for its run
+        if self.signal is not None and self.tune_listens and callable(tune_stop):
+            tune_stop(signal.SIGUSR1, None)
+
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal is not None:
             print(f"blockforge: {name} again: stopped at once; resume with: {self.resume_command}", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signal = signum
-        if self.phase == "start":
-            raise SearchStopped(signum)
-        if self.phase == "fit":
-            tune_stop = signal.getsignal(signal.SIGUSR1)  # Ray Tune's graceful stop, installed for the run
-            if callable(tune_stop):
-                print(f"blockforge: {name}: stopping the running trials; send it again to stop at once", file=sys.stderr, flush=True)
-                tune_stop(signal.SIGUSR1, frame)
-            else:  # Tune has not installed it yet: unwind
-                raise SearchStopped(signum)
+        if self.phase == "end":
+            return
+        what = "the running trials" if self.phase == "fit" else "before the first trial"
+        print(f"blockforge: {name}: stopping {what}; send it again to stop at once", file=sys.stderr, flush=True)
+        self._forward()
+
+
+_ACTIVE: Interrupts | None = None  # the running search's, which the Tune callback tells when Tune listens
+
+
+def _tune_listening() -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.listening()
 
 
 QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
@@ -292,6 +375,7 @@ def run_search(
         try:
             interrupts.arm()
             check_cluster(plan, needs, address)
+            interrupts.check()
             if not resume:
                 atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
             view = ProgressView(ledger, plan, every_s=progress_every_s)
@@ -302,7 +386,7 @@ def run_search(
             raise
         finally:
             if interrupts.phase != "start":
-                ledger.mark_interrupted(f"stopped with the search; resumes from its checkpoint with --resume")
+                ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
             if started_here:
                 stop_ray()
         interrupts.phase = "end"
@@ -332,6 +416,7 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
     trainable = _trainable(plan, search_dir)
     experiment = search_dir / "tune"
+    interrupts.check()
     if resume and tune.Tuner.can_restore(str(experiment)):
         # Errored trials stay failed, as the ledger records them; trials still running when the driver
         # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
@@ -350,7 +435,7 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
                 failure_config=tune.FailureConfig(max_failures=2),
             ),
         )
-    interrupts.phase = "fit"
+    interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
         tuner.fit()
     finally:
