@@ -135,7 +135,7 @@ def _probe(address: str) -> None:
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
             pass
-    except socket.timeout:
+    except TimeoutError:
         raise BlockforgeError(f"--address {address}: nothing answers within {PROBE_TIMEOUT_S:g} s; check the address, or start the cluster with `ray start --head`") from None
     except OSError as err:
         reason = err.strerror or str(err) or type(err).__name__
