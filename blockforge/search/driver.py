@@ -52,7 +52,8 @@ def ensure_ray(address: str | None) -> bool:
     if token is not None:
         os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
     try:
-        _init_ray(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+        # address="local": a Ray of its own, even where `ray start` left a cluster ray.init would join.
+        _init_ray(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
     except BaseException:
         stop_ray()
         raise
