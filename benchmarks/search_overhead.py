@@ -68,7 +68,7 @@ def main() -> None:
     direct = time.perf_counter() - start
     direct_other = direct - step_seconds(folder / "direct")
 
-    ensure_ray(None, plan)  # Ray's own start-up is paid once per session, not per trial: keep it out
+    ensure_ray(None)  # Ray's own start-up is paid once per session, not per trial: keep it out
     start = time.perf_counter()
     outcome = run_search(path, out=folder / "out", progress_every_s=1e9)
     searched = time.perf_counter() - start

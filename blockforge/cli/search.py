@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+
     from blockforge.search.driver import run_search
 
     outcome = run_search(args.file, out=args.out, address=args.address, resume=args.resume, max_concurrent=args.max_concurrent,
@@ -26,4 +29,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(outcome.summary)
     print(f"\nsearch folder: {outcome.search_dir} (summary.md, results.csv, best/, plots)")
+    if outcome.interrupted is not None:
+        name = signal.Signals(outcome.interrupted).name
+        print(f"blockforge: stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}", file=sys.stderr)
+        return 128 + outcome.interrupted
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from blockforge.errors import SpecError
+from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
 from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile
 from blockforge.spec.strict import parse, to_plain
@@ -68,6 +69,16 @@ class Dimension:
             return d.IntDistribution(*self.args)
         return d.CategoricalDistribution(self.args)
 
+    def contains(self, value: Any) -> bool:
+        """Whether recipe value `value` is a point of this dimension (a baseline's value, say)."""
+        if self.kind in ("uniform", "loguniform", "int"):
+            number = int if self.kind == "int" else (int, float)
+            return isinstance(value, number) and not isinstance(value, bool) and self.args[0] <= value <= self.args[1]
+        return any(value == arg and isinstance(value, bool) == isinstance(arg, bool) for arg in self.args)
+
+    def describe(self) -> str:
+        return f"{self.kind}: {json.dumps(list(self.args))}"
+
     def values(self) -> list:
         """Every value of a discrete dimension, in the sampler's terms."""
         if self.kind in ("int", "layers"):
@@ -108,15 +119,41 @@ def _parse_dimension(key: str, value: Any, path: str) -> Dimension:
         number = int if kind == "int" else (int, float)
         if len(args) != 2 or not all(isinstance(a, number) and not isinstance(a, bool) for a in args):
             raise SpecError(f"takes two {'integers' if kind == 'int' else 'numbers'} [low, high]", path=f"{path}.{kind}")
+        if not all(math.isfinite(a) for a in args):
+            raise SpecError(f"takes two finite numbers [low, high], not {args}", path=f"{path}.{kind}")
         low, high = args
         if not low < high:
             raise SpecError(f"low {low} must be below high {high}", path=f"{path}.{kind}")
         if kind == "loguniform" and low <= 0:
             raise SpecError(f"low must be above zero for a log scale, not {low}", path=f"{path}.{kind}")
         args = [float(low), float(high)] if kind != "int" else args
-    elif len(set(map(json.dumps, args))) != len(args):
-        raise SpecError("lists the same value twice", path=f"{path}.{kind}")
+    else:
+        infinite = [a for a in args if isinstance(a, float) and not math.isfinite(a)]
+        if infinite:
+            raise SpecError(f"lists {infinite[0]}; every value must be finite", path=f"{path}.{kind}")
+        if len(set(map(json.dumps, args))) != len(args):
+            raise SpecError("lists the same value twice", path=f"{path}.{kind}")
+    if key == MIX_LN_ALPHA:
+        for value in args:
+            _check_alpha(value, f"{path}.{kind}")
     return Dimension(key, kind, tuple(args))
+
+
+def _check_alpha(value: Any, path: str) -> None:
+    """Mix-LN's alpha is a fraction of the layers: the rule's own check decides what a value may be."""
+    from blockforge.spec.model import MixLN
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"holds {value!r}; alpha values are numbers in [0, 1]", path=path)
+    try:
+        MixLN(alpha=value).check(path)
+    except SpecError as err:
+        raise SpecError(f"alpha {err.message}; search values inside it", path=path) from None
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two dotted keys set the same value (one equals the other or holds it)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def cell_name(cell: dict[str, Any]) -> str:
@@ -224,6 +261,44 @@ def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None
         raise err.located(str(path)) from None
 
 
+def _check_fixed_or_searched(spec: SearchFile, assignments: list, fail) -> None:
+    """A key is fixed (overrides, steps, divergence.max_loss, --set), varied by cells, or searched: never two of these.
+
+    Trials apply fixed values, then the cell's, then the sampler's, so a key set twice would keep only the
+    last, and cell labels, baselines and reports would name values the trials never trained.
+    """
+    fixed = [(k, f"overrides.{k}") for k in spec.overrides]
+    fixed += [("train.steps", "steps")] if spec.steps is not None else []
+    fixed += [("train.divergence.max_loss", "divergence.max_loss")] if spec.divergence.max_loss is not None else []
+    set_flags = [(key, f"--set {key}") for key, _ in assignments]
+    for key in spec.cells:
+        for other, where in fixed + set_flags:
+            if _overlap(key, other):
+                raise fail(f"is also fixed by {where}; a key is either fixed or varied by cells: remove one", f"cells.{key}")
+    for key in spec.space:
+        for other, where in fixed + set_flags + [(k, f"cells.{k}") for k in spec.cells]:
+            if _overlap(key, other):
+                raise fail(f"is also set by {where}; a key is either fixed or searched: remove one", f"space.{key}")
+    for i, (key, where) in enumerate(fixed):
+        for other, other_where in fixed[i + 1:]:
+            if _overlap(key, other):
+                raise fail(f"is also set by {other_where}; set it in one place", where)
+
+
+def _check_baseline(baseline: dict, dimensions: list[Dimension], where: str, checked, fail) -> None:
+    """A baseline is a point of the space: every searched key, nothing else, each value inside its dimension."""
+    searched = {d.key: d for d in dimensions}
+    for key, value in baseline.items():
+        checked(key, f"{where}.{key}")
+        if key not in searched:
+            raise fail(f"is not searched; a baseline sets exactly the searched keys ({', '.join(searched)})", f"{where}.{key}")
+        if not searched[key].contains(value):
+            raise fail(f"{value!r} is not a point of the space ({searched[key].describe()}); move the baseline inside it", f"{where}.{key}")
+    missing = [key for key in searched if key not in baseline]
+    if missing:
+        raise fail(f"must set every searched key; missing {', '.join(missing)}", where)
+
+
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchPlan:
     spec = parse(SearchFile, read_yaml(path))
 
@@ -242,25 +317,24 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
             raise fail(err.message, where) from None
         return key
 
-    fixed = [(checked(k, f"overrides.{k}"), v) for k, v in spec.overrides.items()] + list(overrides or [])
+    fixed = [(checked(k, f"overrides.{k}"), v) for k, v in spec.overrides.items()]
     if spec.steps is not None:
         fixed.append(("train.steps", spec.steps))
     if spec.divergence.max_loss is not None:
         fixed.append(("train.divergence.max_loss", spec.divergence.max_loss))
+    fixed += [tuple(o) for o in overrides or []]  # --set: over the file's fixed values
     for key, values in spec.cells.items():
         checked(key, f"cells.{key}")
         if not values:
             raise fail("lists no values", f"cells.{key}")
+        if len(set(map(json.dumps, values))) != len(values):
+            raise fail("lists the same value twice (two cells would be one)", f"cells.{key}")
     dimensions = [_parse_dimension(checked(k, f"space.{k}"), v, f"space.{k}") for k, v in spec.space.items()]
     if not dimensions:
         raise fail("is empty: name at least one key to search, e.g. model.layers.mix_ln.alpha: {uniform: [0.0, 0.5]}", "space")
+    _check_fixed_or_searched(spec, overrides or [], fail)
     for i, baseline in enumerate(spec.baselines):
-        for key in baseline:
-            checked(key, f"baselines[{i}].{key}")
-        missing = [d.key for d in dimensions if d.key not in baseline]
-        if missing:
-            raise fail(f"must set every searched key; missing {', '.join(missing)}", f"baselines[{i}]")
-
+        _check_baseline(baseline, dimensions, f"baselines[{i}]", checked, fail)
     sampler = spec.sampler
     grid_size = None
     if sampler.kind == "grid":
@@ -271,8 +345,6 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
     elif any(d.kind == "grid" for d in dimensions):
         raise fail("grid values need sampler: {grid: {}}; use choice for tpe or random", "space")
     trials = spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
-    if trials < 1:
-        raise fail(f"must be at least 1, not {trials}", "trials_per_cell")
     if spec.confirm is not None and (SEED_KEY in spec.space or SEED_KEY in spec.cells):
         where = "space" if SEED_KEY in spec.space else "cells"
         raise fail(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm", f"{where}.{SEED_KEY}")
@@ -293,6 +365,10 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
             if not probe:
                 depths[cell_name(cell)] = recipe.model.depth
                 seeds[cell_name(cell)] = recipe.train.seed
+                reported = (*get_family(recipe.model.family).metrics, "train_loss")
+                if spec.objective.metric not in reported:
+                    raise fail(f"'{spec.objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
+                               "objective.metric")
 
     asha = spec.scheduler.asha if spec.scheduler is not None else None
     if asha is not None and asha.grace_steps > steps:

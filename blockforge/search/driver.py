@@ -8,41 +8,157 @@ results.csv, best/, summary.md, the plots and the fitted alpha law.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
+from blockforge.search import reaper
 from blockforge.search.config import SearchPlan, load_search
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.train.events import Status
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
+PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
+CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
 
 
-def ensure_ray(address: str | None, plan: SearchPlan) -> bool:
-    """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started here."""
-    if address is None:
+def ensure_ray(address: str | None) -> bool:
+    """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started or joined here."""
+    if address is not None:
+        _probe(address)
+    else:
         # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    import ray
-
+    ray = _import_ray()
     if ray.is_initialized():
         return False
-    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="warning", configure_logging=True)
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True)
     if address is not None:
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({str(err).splitlines()[0]}); start it with `ray start --head` or check the address") from None
+        _join(address, quiet)
         return True
-    ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+    token = reaper.start()  # before Ray starts: whatever of it outlives this process is ended
+    if token is not None:
+        os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
+    try:
+        # address="local": a Ray of its own, even where `ray start` left a cluster ray.init would join.
+        _init_ray(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+    except BaseException:
+        stop_ray()
+        raise
+    finally:
+        os.environ.pop(reaper.MARK, None)
     return True
+
+
+_keeper: threading.Event | None = None  # set by stop_ray: the thread that started Ray may end
+
+
+def _init_ray(**settings) -> None:
+    """ray.init in a thread of its own that lives until stop_ray.
+
+    Not in the main thread: there ray.init puts in a SIGTERM handler that raises SystemExit wherever
+    ray.init happens to be, which can crash the interpreter; this way a signal while Ray starts reaches
+    the search's handlers (Interrupts), which only note it. The thread outlives the search because Ray
+    ties the GCS and the raylet it starts to the life of the thread that started them.
+    """
+    global _keeper
+    import ray
+
+    started, release, outcome = threading.Event(), threading.Event(), {}
+    settings = {**settings, "logging_level": "error"}  # its start-up warnings (one about this thread); sentences say what matters
+
+    def keep() -> None:
+        try:
+            ray.init(**settings)
+            logging.getLogger("ray").setLevel(logging.WARNING)
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+        started.set()
+        if "error" not in outcome:
+            release.wait()
+
+    threading.Thread(target=keep, name="ray-keeper", daemon=True).start()
+    while not started.wait(0.2):
+        pass  # the main thread stays free to run signal handlers
+    if "error" in outcome:
+        raise outcome["error"]
+    _keeper = release
+
+
+def _import_ray():
+    """`import ray` with Ray's crash-signal handler off in this process only: it would also catch a SIGTERM
+    that arrives while Ray starts and abort, where the search stops cleanly (Interrupts). Ray reads the
+    setting once, when imported; the processes Ray starts do not inherit it, and keep theirs."""
+    if "ray" not in sys.modules:
+        saved = os.environ.get("RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+        os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+        try:
+            import ray  # noqa: F401
+        finally:
+            if saved is None:
+                os.environ.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+            else:
+                os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = saved
+    return sys.modules["ray"]
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started or joined; the watcher ends any process of it that lingers."""
+    import ray
+
+    global _keeper
+    try:
+        ray.shutdown()
+    finally:
+        if _keeper is not None:
+            _keeper.set()
+            _keeper = None
+        reaper.release()
+
+
+def _probe(address: str) -> None:
+    """One sentence, within seconds, when nothing accepts a connection at `address` (host:port or ray://host:port)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # 'auto' and the like: Ray finds the address itself, and CONNECT_TIMEOUT_S bounds it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except TimeoutError:
+        raise BlockforgeError(f"--address {address}: nothing answers within {PROBE_TIMEOUT_S:g} s; check the address, or start the cluster with `ray start --head`") from None
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise BlockforgeError(f"--address {address}: cannot connect ({reason}); check the address, or start the cluster with `ray start --head`") from None
+
+
+# Joins the cluster from a short-lived process first: ray.init can wait for minutes on an address that
+# accepts connections but is no Ray (or a stale 'auto'), logging every attempt; a process can be ended.
+_JOIN_CHECK = "import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, logging_level='error')"
+
+
+def _join(address: str, settings: dict) -> None:
+    """ray.init(address=...), once a short-lived process has joined the cluster within CONNECT_TIMEOUT_S."""
+    try:
+        check = subprocess.run([sys.executable, "-c", _JOIN_CHECK, address], capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BlockforgeError(f"--address {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s; check that the address is the head node's (port 6379 by default)") from None
+    if check.returncode != 0:
+        lines = [line for line in check.stderr.strip().splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else f"exit status {check.returncode}")
+        raise BlockforgeError(f"--address {address}: cannot join the Ray cluster ({reason.strip()}); start it with `ray start --head` or check the address")
+    _init_ray(address=address, **settings)
 
 
 class ProgressView:
@@ -84,6 +200,9 @@ def _tune_callback(view: ProgressView):
     from ray.tune import Callback
 
     class Live(Callback):
+        def setup(self, **info):
+            _tune_listening()
+
         def on_trial_complete(self, iteration, trials, trial, **info):
             view.update(tune_trials=trials)
 
@@ -101,6 +220,117 @@ class SearchOutcome:
     search_dir: Path
     records: list[TrialRecord]
     summary: str
+    interrupted: int | None = None  # the signal that stopped the search early (it resumes with --resume)
+    resume_command: str = ""
+
+
+class SearchStopped(BlockforgeError):
+    """A signal arrived before the first trial started: nothing to resume, nothing left behind."""
+
+    def __init__(self, signum: int):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the search started; run it again")
+
+
+class Interrupts:
+    """SIGTERM and a first SIGINT stop a search the way Ray Tune stops on Ctrl-C: no new trials, the
+    experiment state saved, running trials stopped where their checkpoints let them resume. A second
+    signal ends the driver at once (the reaper ends a local Ray).
+
+    A signal is only noted where it arrives, never raised into Ray's code: before Tune runs, the start
+    stops at its next `check`; once Tune runs, the signal goes to Tune's own graceful stop (its SIGUSR1
+    handler) as soon as Tune listens, which the search's Tune callback reports from its setup. While
+    the reports are written a signal changes nothing but the exit status.
+
+    Handlers are installed only from the main thread (Python allows no other), and again after Ray
+    starts, over any crash handler Ray's core put in for SIGTERM.
+    """
+
+    def __init__(self, resume_command: str):
+        self.resume_command = resume_command
+        self.signal: int | None = None
+        self.phase = "start"  # start -> fit -> end
+        self.tune_listens = False
+        self._saved: dict = {}
+
+    def __enter__(self) -> "Interrupts":
+        global _ACTIVE
+        _ACTIVE = self
+        self.arm()
+        return self
+
+    def arm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.signal(sig, self._handle)
+            self._saved.setdefault(sig, previous)
+        # SIGINT comes here first; Tune hears of it through its SIGUSR1 handler (see _forward).
+        self._saved.setdefault("env", os.environ.get("TUNE_DISABLE_SIGINT_HANDLER"))
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+    def __exit__(self, *exc) -> None:
+        global _ACTIVE
+        _ACTIVE = None
+        env = self._saved.pop("env", None)
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        if env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
+
+    def check(self) -> None:
+        """Before Tune runs: stop here if a signal came."""
+        if self.signal is not None:
+            raise SearchStopped(self.signal)
+
+    def listening(self) -> None:
+        """Tune's loop is about to run, with its graceful stop installed."""
+        self.tune_listens = True
+        self._forward()
+
+    def _forward(self) -> None:
+        tune_stop = signal.getsignal(signal.SIGUSR1)  # Ray Tune's graceful stop, installed for its run
+        if self.signal is not None and self.tune_listens and callable(tune_stop):
+            tune_stop(signal.SIGUSR1, None)
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal is not None:
+            print(f"blockforge: {name} again: stopped at once; resume with: {self.resume_command}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signal = signum
+        if self.phase == "end":
+            return
+        what = "the running trials" if self.phase == "fit" else "before the first trial"
+        print(f"blockforge: {name}: stopping {what}; send it again to stop at once", file=sys.stderr, flush=True)
+        self._forward()
+
+
+_ACTIVE: Interrupts | None = None  # the running search's, which the Tune callback tells when Tune listens
+
+
+def _tune_listening() -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.listening()
+
+
+QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
+
+
+class _QuietWhenInterrupted:
+    """Drops Ray Tune's own lines about an interrupted run: they name Tuner.restore (--resume is the way here)."""
+
+    def __init__(self, interrupts: Interrupts):
+        self.interrupts = interrupts
+
+    def filter(self, record) -> bool:
+        return self.interrupts.signal is None
+
+
+def resume_command(path: str | os.PathLike, search_dir: Path) -> str:
+    return f"blockforge search {path} --out {search_dir} --resume"
 
 
 def _trainable(plan: SearchPlan, search_dir: Path):
@@ -116,7 +346,14 @@ def run_search(
     path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool = False,
     max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
 ) -> SearchOutcome:
-    """Run (or resume) the search in `path`; returns the records and the printed summary."""
+    """Run (or resume) the search in `path`; returns the records and the printed summary.
+
+    Everything that can be checked before a trial starts is: the search file, the flags, each cell's
+    memory plan (before Ray starts), and the trial's resources and memory against the cluster's nodes
+    (once connected). A start that fails leaves no search.json behind, so the next plain run works.
+    """
+    if max_concurrent is not None and max_concurrent < 1:
+        raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
     plan = load_search(path, overrides)
     search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
     search_dir = search_dir.resolve()
@@ -127,51 +364,81 @@ def run_search(
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
     if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
         raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
-    writable_folder(search_dir, "the search")
-    atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+    if address is not None:
+        _probe(address)  # seconds, not the minutes of a Ray start that waits on it
+    from blockforge.search.preflight import check_cluster, memory_needs
 
-    started_here = ensure_ray(address, plan)
-    import logging
+    needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
+    writable_folder(search_dir, "the search")
+    ledger = Ledger(search_dir / "trials.jsonl")
+    with Interrupts(resume_command(path, search_dir)) as interrupts:
+        started_here = ensure_ray(address)
+        try:
+            interrupts.arm()
+            check_cluster(plan, needs, address)
+            interrupts.check()
+            if not resume:
+                atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+            view = ProgressView(ledger, plan, every_s=progress_every_s)
+            _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
+        except BaseException:
+            if interrupts.phase == "start" and not resume:
+                marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
+            raise
+        finally:
+            if interrupts.phase != "start":
+                ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
+            if started_here:
+                stop_ray()
+        interrupts.phase = "end"
+        view.update(force=True)
+        from blockforge.search.report import write_reports
+
+        summary = write_reports(search_dir, plan, ledger)
+    return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command)
+
+
+def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
+    """Build (or restore) the Tuner and run it until the search ends or a signal stops it."""
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
+    # Tune's result table misses trials that reported nothing to it (restored ones); the ledger has them all.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    quiet = _QuietWhenInterrupted(interrupts)
+    for name in QUIET_WHEN_INTERRUPTED:
+        logging.getLogger(name).addFilter(quiet)
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
+    from blockforge.search.evidence import t_quantile
     from blockforge.search.searcher import CellScheduler, CellSearcher
 
-    from blockforge.search.evidence import t_quantile
-
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
-    ledger = Ledger(search_dir / "trials.jsonl")
-    view = ProgressView(ledger, plan, every_s=progress_every_s)
     trainable = _trainable(plan, search_dir)
     experiment = search_dir / "tune"
+    interrupts.check()
+    if resume and tune.Tuner.can_restore(str(experiment)):
+        # Errored trials stay failed, as the ledger records them; trials still running when the driver
+        # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
+        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        scheduler = CellScheduler(plan) if plan.asha is not None else None
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
+                max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
+                metric=OBJECTIVE, mode=plan.mode,
+            ),
+            run_config=tune.RunConfig(
+                name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
+                failure_config=tune.FailureConfig(max_failures=2),
+            ),
+        )
+    interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
-        if resume and tune.Tuner.can_restore(str(experiment)):
-            tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            scheduler = CellScheduler(plan) if plan.asha is not None else None
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(
-                    search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
-                    max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
-                    metric=OBJECTIVE, mode=plan.mode,
-                ),
-                run_config=tune.RunConfig(
-                    name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
-                    failure_config=tune.FailureConfig(max_failures=2),
-                ),
-            )
         tuner.fit()
     finally:
-        if started_here:
-            import ray
-
-            ray.shutdown()
-    view.update(force=True)
-    from blockforge.search.report import write_reports
-
-    summary = write_reports(search_dir, plan, ledger)
-    return SearchOutcome(search_dir, ledger.records(), summary)
+        for name in QUIET_WHEN_INTERRUPTED:
+            logging.getLogger(name).removeFilter(quiet)

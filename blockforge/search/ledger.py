@@ -9,11 +9,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from blockforge.io import atomic_write_text
+from blockforge.train.events import Status
 
 COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
            "model", "identity", "duplicate_of", "note"]
@@ -62,6 +63,17 @@ class Ledger:
                 record = TrialRecord(**json.loads(line))
                 latest[(record.cell, record.trial)] = record
         return sorted(latest.values(), key=lambda r: (r.cell, r.trial))
+
+    def latest(self, cell: str, trial: int) -> TrialRecord | None:
+        """The latest record of trial `trial` of `cell`, if any."""
+        return next((r for r in self.records() if r.cell == cell and r.trial == trial), None)
+
+    def mark_interrupted(self, note: str) -> list[TrialRecord]:
+        """Every trial still recorded as running ends as interrupted (a resumed search takes it up again)."""
+        stopped = [replace(r, status=Status.INTERRUPTED, note=note) for r in self.records() if r.status == Status.RUNNING]
+        for record in stopped:
+            self.append(record)
+        return stopped
 
     def write_csv(self, path: str | Path) -> None:
         buffer = io.StringIO()

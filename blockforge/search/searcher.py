@@ -12,6 +12,7 @@ only, so early stopping compares trials of one cell and never stops a replicate.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
@@ -80,6 +81,7 @@ class CellSearcher(Searcher):
         self.live: dict[str, dict] = {}  # Tune trial id -> {cell, number, identity, ...}
         self.done: dict[tuple[str, str], dict] = {}  # (cell, identity) -> the outcome that counts for it
         self.waiting: dict[tuple[str, str], list[dict]] = {}  # twins of running trials, resolved when they end
+        self.orphans: dict[tuple[str, str], int] = {}  # (cell, identity) -> number of a trial lost with the driver's state
         self._serial = 0
 
     # ---- Tune's Searcher interface ------------------------------------------------------------
@@ -184,6 +186,7 @@ class CellSearcher(Searcher):
             self._tell(name, optuna_id, Status.FAILED, None)
             self.ledger.append(self._record(info, Status.FAILED, note=f"invalid: {err}"))
             return None
+        self._adopt_orphan(info)
         key = (name, info["identity"])
         if key in self.done:
             self._settle_duplicate(info, self.done[key])
@@ -207,6 +210,13 @@ class CellSearcher(Searcher):
         spec = resolve(recipe.model)
         info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
                     post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre())
+
+    def _adopt_orphan(self, info: dict) -> None:
+        """A new trial of a model whose run a stopped driver lost (see _take_in_ledger) continues it under its number."""
+        number = self.orphans.pop((info["cell"], info["identity"]), None)
+        if number is not None and info["number"] == self.asked[info["cell"]] - 1:
+            self.asked[info["cell"]] -= 1  # the number just given out goes back
+            info["number"] = number
 
     def _launch(self, info: dict, trial_id: str) -> dict:
         self.live[trial_id] = info
@@ -252,6 +262,7 @@ class CellSearcher(Searcher):
         """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
         info = self._new_info(name, searched, seed, "confirm")
         self._identify(info)
+        self._adopt_orphan(info)
         key = (name, info["identity"])
         if key in self.done and self.done[key]["status"] in (Status.COMPLETED, Status.DIVERGED, Status.FAILED):
             self.asked[name] -= 1  # nothing to run: give the number back
@@ -316,6 +327,37 @@ class CellSearcher(Searcher):
 
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self._take_in_ledger()
+
+    def _take_in_ledger(self) -> None:
+        """After a restore, take in what the ledger recorded after this state was saved (Tune saves it
+        every few seconds, the ledger is written at once). Those trials are unknown to the restored state
+        and to Tune: their numbers are not given out again; what they finished counts against the budget
+        and makes a new proposal of the same model a free duplicate; those still running end as
+        interrupted, and a new proposal of the same model continues them, under their number and from
+        their run folder."""
+        trained_end = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
+        self.orphans = getattr(self, "orphans", {})
+        for record in self.ledger.records():
+            if record.trial < self.asked[record.cell]:
+                continue
+            self.asked[record.cell] = record.trial + 1
+            if record.status in (Status.RUNNING, Status.INTERRUPTED):
+                if record.status == Status.RUNNING:
+                    self.ledger.append(replace(record, status=Status.INTERRUPTED, note="running when the search stopped, before its state was saved"))
+                self.orphans[(record.cell, record.identity)] = record.trial
+                continue
+            if record.status not in trained_end or not record.identity:
+                continue  # duplicates and invalid proposals cost nothing
+            info = {"cell": record.cell, "number": record.trial, "searched": dict(record.overrides), "seed": record.seed, "stage": record.stage}
+            info["overrides"] = self.plan.seed_overrides(record.cell, info["searched"], record.seed)
+            self._identify(info)
+            if record.stage == "explore":
+                self.runs[record.cell] += 1
+            key = (record.cell, record.identity)
+            if key not in self.done or record.status in (Status.COMPLETED, Status.DIVERGED):
+                self.done[key] = {"status": record.status, "value": record.value if record.status != Status.DIVERGED else self.plan.penalty,
+                                  "number": record.trial, "record": record, "info": info}
 
 
 class CellScheduler(FIFOScheduler):

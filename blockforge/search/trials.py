@@ -2,7 +2,9 @@
 
 A trial's run folder is named by its cell and identity inside the search folder, and the trial
 resumes from that folder's checkpoint whenever it exists. That is what makes a restarted trial (a
-resumed search, a retry after its node died) continue instead of starting over. On a multi-node
+resumed search, a retry after its node died) continue instead of starting over. The ledger decides
+whether a restarted trial trains at all: one it records as pruned, or a run folder with a result,
+reports that end at once. On a multi-node
 cluster the search folder must be on storage every node sees, as Ray Tune's storage_path must be.
 
 A trial with several workers (resources.gpu > 1, or resources.workers) trains data-parallel: this
@@ -71,6 +73,22 @@ def data_parallel_peers(recipe, run_dir: Path, workers: int, resume: bool):
                 os.environ[key] = value
 
 
+def _report_recorded_end(config: dict, plan: SearchPlan, search_dir: str) -> bool:
+    """A trial the ledger records as pruned (Tune restarts one that its saved state still had running when
+    the driver stopped) reports where it was stopped and ends there: it stays pruned, untrained further."""
+    from ray import tune
+
+    from blockforge.search.ledger import Ledger
+    from blockforge.train.events import Status
+
+    record = Ledger(Path(search_dir) / "trials.jsonl").latest(config["cell"], config["number"])
+    if record is None or record.status != Status.PRUNED or record.identity != config["identity"]:
+        return False
+    value = record.value if record.value is not None else plan.penalty
+    tune.report({**record.metrics, OBJECTIVE: value, "step": record.steps, "diverged": False})
+    return True
+
+
 def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes."""
     import ray
@@ -81,6 +99,8 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
+    if _report_recorded_end(config, plan, search_dir):
+        return
     workers = plan.resources.data_parallel
     torch.set_num_threads(max(1, int(plan.resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,12 @@ from blockforge.errors import SpecError
 from blockforge.spec.strict import choice
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # a search's name is a folder name: runs/search-<name>
+
+
+def _at_least(value: float | None, low: float, path: str) -> None:
+    if value is not None and value < low:
+        raise SpecError(f"must be {'zero or more' if low == 0 else f'at least {low}'}, not {value}", path=path)
 
 
 @dataclass(kw_only=True)
@@ -43,6 +50,10 @@ class SeededSampler:
     seed: int = 0
     startup_trials: int = 3  # tpe only: random trials (baselines included) before the model takes over
 
+    def check(self, path: str) -> None:
+        _at_least(self.seed, 0, f"{path}.seed")
+        _at_least(self.startup_trials, 0, f"{path}.startup_trials")
+
 
 @dataclass(kw_only=True)
 class Sampler:
@@ -65,6 +76,10 @@ class Divergence:
     max_loss: float | None = None  # the training loss ceiling after warmup (train.divergence.max_loss)
     penalty: float | None = None  # the objective recorded for a diverged trial (default: a value worse than any)
 
+    def check(self, path: str) -> None:
+        if self.max_loss is not None and self.max_loss <= 0:
+            raise SpecError(f"is a training-loss ceiling and must be greater than zero, not {self.max_loss}", path=f"{path}.max_loss")
+
 
 @dataclass(kw_only=True)
 class Resources:
@@ -77,8 +92,12 @@ class Resources:
             raise SpecError(f"must be greater than zero, not {self.cpu}", path=f"{path}.cpu")
         if self.gpu < 0:
             raise SpecError(f"must be zero or more, not {self.gpu}", path=f"{path}.gpu")
+        if self.gpu > 1 and self.gpu != int(self.gpu):
+            raise SpecError(f"a trial uses part of one GPU or whole GPUs; {self.gpu:g} is neither: use a fraction below 1 or {int(self.gpu)}", path=f"{path}.gpu")
         if self.workers is not None and self.workers < 1:
             raise SpecError(f"must be at least 1, not {self.workers}", path=f"{path}.workers")
+        if self.gpu == 0 and self.data_parallel > self.cpu:
+            raise SpecError(f"{self.data_parallel} worker processes need at least {self.data_parallel} CPUs; set cpu to {self.data_parallel} or lower workers", path=f"{path}.workers")
         if self.gpu > 1 and self.workers is not None and self.workers != int(self.gpu):
             raise SpecError(f"with {self.gpu:g} GPUs a trial runs one worker per GPU; drop workers or set it to {int(self.gpu)}", path=f"{path}.workers")
 
@@ -123,3 +142,13 @@ class SearchFile:
     resources: Resources = field(default_factory=Resources)
     max_concurrent: int | None = None
     confirm: Confirm | None = None
+
+    def check(self, path: str) -> None:  # the root of a search file: key paths start here
+        if self.name is not None and (not SAFE_NAME.fullmatch(self.name) or ".." in self.name):
+            raise SpecError(
+                f"{self.name!r} cannot name a folder; use letters, digits and . _ = + - (up to 100, no '..', no '/')", path="name",
+            )
+        _at_least(self.steps, 1, "steps")
+        _at_least(self.trials_per_cell, 1, "trials_per_cell")
+        _at_least(self.max_concurrent, 1, "max_concurrent")
+

@@ -87,6 +87,8 @@ def parse_value(tp: Any, value: Any, path: str, choices: tuple[str, ...] | None 
         deep = [e for e in errors if e.path != path or not e.message.startswith("must be")]
         if deep:
             raise deep[0]
+        if len(errors) == 1:  # one kind of value allowed (besides null): its own reason ("must be a finite number")
+            raise errors[0]
         raise SpecError(f"must be {describe_type(tp)}, not {_describe_value(value)}", path=path)
     if dataclasses.is_dataclass(tp):
         return parse(tp, value, path)

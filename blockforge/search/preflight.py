@@ -1,0 +1,111 @@
+"""What a search needs from the cluster, checked before its first trial.
+
+Before Ray starts, every cell's candidate models (the base, each baseline, each searched value on its
+own) are planned on the meta device (blockforge.train.memory: nothing is allocated), so a model too
+large even to lay out is one sentence. Once connected, a trial's resources must fit one node of the
+cluster, and its memory plan the memory of such a node (CPU trials) or of its GPUs (GPU trials, where
+the driver can see them); otherwise Ray would wait for ever, or trials would fail one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from blockforge.errors import SpecError
+from blockforge.search.config import SearchPlan, cell_name
+
+GiB = 2**30
+BUILD_ERRORS = (RuntimeError, ValueError, OverflowError, MemoryError)  # what torch raises for sizes it cannot hold
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB"
+
+
+def _probes(plan: SearchPlan) -> list[dict[str, Any]]:
+    """The searched values a cell's models are planned with: none, each baseline, each value of the space alone."""
+    probes: list[dict[str, Any]] = [{}] + list(plan.baselines)
+    for d in plan.dimensions:
+        probes += [{d.key: value} for value in d.args]  # a range's ends, or every listed value
+    return probes
+
+
+def memory_needs(plan: SearchPlan) -> dict[str, int]:
+    """Per cell, the largest memory plan of its candidate models: bytes per training process."""
+    from blockforge.spec.resolve import resolve
+    from blockforge.train.memory import memory_plan
+
+    needs: dict[str, int] = {}
+    planned: dict[str, int] = {}
+    for cell in plan.cells:
+        name = cell_name(cell)
+        for probe in _probes(plan):
+            try:
+                recipe = plan.recipe(plan.trial_overrides(cell, probe))
+            except SpecError:
+                continue  # a value that is invalid on its own here becomes a failed trial, not a plan
+            train = recipe.train
+            key = json.dumps([resolve(recipe.model).arch_hash(), train.micro_batch, train.precision, train.parallel])
+            if key not in planned:
+                try:
+                    planned[key] = int(memory_plan(recipe, gpus=plan.resources.data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)
+                except BUILD_ERRORS as err:
+                    what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
+                    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise SpecError(f"{what}: the model cannot even be laid out on the meta device ({reason}); make it smaller",
+                                    file=plan.file) from None
+            needs[name] = max(needs.get(name, 0), planned[key])
+    return needs
+
+
+def _describe(node: dict) -> str:
+    res = node["Resources"]
+    return f"{node.get('NodeManagerAddress', '?')}: {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, {_gib(res.get('memory', 0))}"
+
+
+def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None) -> None:
+    """Refuse, in one sentence, a search whose trials no node of the connected Ray cluster can run."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpu_memory = _driver_gpu_memory(plan, nodes) if address is None or not address.startswith("ray://") else None
+    check_nodes(plan, needs, nodes, gpu_memory)
+
+
+def check_nodes(plan: SearchPlan, needs: dict[str, int], nodes: list[dict], gpu_memory: int | None) -> None:
+    """The checks of check_cluster on `nodes` (ray.nodes() entries) and the memory of one GPU, if known."""
+    res = plan.resources
+    fitting = [n for n in nodes if n["Resources"].get("CPU", 0) >= res.cpu and n["Resources"].get("GPU", 0) >= res.gpu]
+    if not fitting:
+        listing = "; ".join(_describe(n) for n in nodes) or "none alive"
+        raise SpecError(f"a trial asks for {res.cpu:g} CPU and {res.gpu:g} GPU, but no node of the Ray cluster has that "
+                        f"(nodes: {listing}); lower resources.cpu / resources.gpu, or add a node that has them", path="resources", file=plan.file)
+    if res.gpu == 0:
+        room = max(n["Resources"].get("memory", 0) for n in fitting)
+        where, processes = "memory of the largest node that fits the trial", res.data_parallel
+    elif gpu_memory is not None:
+        room, where, processes = gpu_memory, "memory of one GPU", 1
+    else:
+        return  # GPU memory unknown here: the trial itself will tell
+    for name, need in needs.items():
+        if need * processes > room:
+            per = f" ({processes} processes)" if processes > 1 else ""
+            raise SpecError(f"cell {name}: a trial needs about {_gib(need * processes)}{per} by its memory plan, more than the "
+                            f"{_gib(room)} {where}; make the model or train.micro_batch_size smaller", file=plan.file)
+
+
+def _driver_gpu_memory(plan: SearchPlan, nodes: list[dict]) -> int | None:
+    """The smallest GPU of this machine, when it is a node that can run a GPU trial (else unknown)."""
+    if plan.resources.gpu == 0:
+        return None
+    import ray
+    import torch
+
+    here = ray.get_runtime_context().get_node_id()
+    if not any(n["NodeID"] == here and n["Resources"].get("GPU", 0) >= plan.resources.gpu for n in nodes):
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() < math.ceil(plan.resources.gpu):
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))

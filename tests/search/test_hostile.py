@@ -1,0 +1,164 @@
+"""Hostile search inputs: each bad search file or flag is one sentence on stderr naming the file (or the
+flag) and the key path, exit status 2, within seconds, before any trial, and leaves no search.json."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from blockforge.cli import main
+from blockforge.search.config import load_search
+from blockforge.search.preflight import check_nodes
+
+from .conftest import write_search
+
+ALPHA = "model.layers.mix_ln.alpha"
+LR = "train.lr"
+
+
+def alpha_space(dist):
+    return {"space": {ALPHA: dist}, "baselines": []}
+
+
+CASES = {
+    # finite numbers
+    "uniform bound .inf": (alpha_space({"uniform": [0.0, float("inf")]}), [], f"space.{ALPHA}.uniform"),
+    "loguniform bound .nan": ({"space": {ALPHA: {"uniform": [0.0, 0.5]}, LR: {"loguniform": [float("nan"), 0.01]}}, "baselines": []}, [],
+                              f"space.{LR}.loguniform"),
+    "choice lists .inf": ({"space": {ALPHA: {"uniform": [0.0, 0.5]}, LR: {"choice": [0.001, float("inf")]}}, "baselines": []}, [],
+                          f"space.{LR}.choice"),
+    "penalty .nan": ({"divergence": {"max_loss": 20.0, "penalty": float("nan")}}, [], "divergence.penalty"),
+    "max_loss .inf": ({"divergence": {"max_loss": float("inf")}}, [], "divergence.max_loss"),
+    # signs and ranges
+    "max_loss negative": ({"divergence": {"max_loss": -1.0}}, [], "divergence.max_loss"),
+    "max_concurrent 0": ({"max_concurrent": 0}, [], "max_concurrent"),
+    "max_concurrent negative": ({"max_concurrent": -3}, [], "max_concurrent"),
+    "--max-concurrent -1": ({}, ["--max-concurrent", "-1"], "--max-concurrent"),
+    "--max-concurrent 0": ({}, ["--max-concurrent", "0"], "--max-concurrent"),
+    "startup_trials negative": ({"sampler": {"tpe": {"seed": 0, "startup_trials": -1}}}, [], "sampler.tpe.startup_trials"),
+    "sampler seed negative": ({"sampler": {"random": {"seed": -5}}}, [], "sampler.random.seed"),
+    "trials_per_cell 0": ({"trials_per_cell": 0}, [], "trials_per_cell"),
+    "steps 0": ({"steps": 0}, [], "steps"),
+    "cpu 0": ({"resources": {"cpu": 0}}, [], "resources.cpu"),
+    "gpu 1.5": ({"resources": {"cpu": 1, "gpu": 1.5}}, [], "resources.gpu"),
+    "more workers than cpus": ({"resources": {"cpu": 1, "workers": 4}}, [], "resources.workers"),
+    # Mix-LN alpha inside [0, 1]
+    "alpha uniform above 1": (alpha_space({"uniform": [0.0, 1.5]}), [], f"space.{ALPHA}.uniform"),
+    "alpha choice above 1": (alpha_space({"choice": [0.0, 2.0]}), [], f"space.{ALPHA}.choice"),
+    "alpha grid below 0": ({**alpha_space({"grid": [-0.5, 0.5]}), "sampler": {"grid": {}}}, [], f"space.{ALPHA}.grid"),
+    "alpha baseline above 1": ({"baselines": [{ALPHA: 1.5}]}, [], f"baselines[0].{ALPHA}"),
+    # baselines are points of the space
+    "baseline outside the range": ({"baselines": [{ALPHA: 0.0}, {ALPHA: 0.9}]}, [], f"baselines[1].{ALPHA}"),
+    "baseline not a listed choice": ({"space": {ALPHA: {"choice": [0.0, 0.25, 0.5]}}, "baselines": [{ALPHA: 0.3}]}, [], f"baselines[0].{ALPHA}"),
+    "baseline sets an unsearched key": ({"baselines": [{ALPHA: 0.0, LR: 0.01}]}, [], f"baselines[0].{LR}"),
+    # the objective is something the family reports
+    "val_acc on a llama search": ({"objective": {"metric": "val_acc"}}, [], "objective.metric"),
+    # a key is fixed, varied by cells, or searched: one of these
+    "searched and fixed": ({"overrides": {ALPHA: 0.25}}, [], f"space.{ALPHA}"),
+    "searched and a cell": ({"cells": {"model.depth": [2], ALPHA: [0.0, 0.5]}}, [], f"space.{ALPHA}"),
+    "a cell and fixed": ({"overrides": {"model.depth": 4}}, [], "cells.model.depth"),
+    "searched and --set": ({}, ["--set", f"{ALPHA}=0.25"], f"space.{ALPHA}"),
+    "searched under a fixed mapping": ({"overrides": {"model.layers.mix_ln": {"alpha": 0.5}}}, [], f"space.{ALPHA}"),
+    "a cell listed twice": ({"cells": {"model.depth": [2, 2]}}, [], "cells.model.depth"),
+    # the name is a folder name
+    "name climbs out": ({"name": "../escape"}, [], "name"),
+    "name with a slash": ({"name": "a/b"}, [], "name"),
+    "name with a control character": ({"name": "a\x01b"}, [], "name"),
+    "name empty": ({"name": ""}, [], "name"),
+    # what the cluster and the memory plan refuse
+    "a width too large to lay out": ({"cells": {"model.width": [10**12]}}, [], "width=1000000000000"),
+    "a model larger than the node": ({"cells": {"model.width": [10**6]}}, [], "width=1000000"),
+    "more cpus than any node": ({"resources": {"cpu": 1000}}, [], "resources"),
+    "more gpus than any node": ({"resources": {"cpu": 1, "gpu": 1000}}, [], "resources"),
+    "--address that answers nothing": ({}, ["--address", "127.0.0.1:1"], "--address 127.0.0.1:1"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys, ray_session, case):
+    changes, flags, needle = CASES[case]
+    path = write_search(tmp_path, **changes)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    started = time.monotonic()
+    code = main(["search", str(path), "--out", str(out), *flags])
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, (code, err, captured.out[-500:])
+    assert "Traceback" not in err and 1 <= len(err.splitlines()) <= 6, err
+    assert needle in err, err
+    if not needle.startswith("--"):
+        assert str(path) in err, err
+    assert elapsed < 10, f"{elapsed:.1f} s"
+    assert not (out / "search.json").exists()
+    assert not (out / "trials.jsonl").exists()
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CASES) >= 25
+
+
+def test_shipped_searches_pass_the_checks():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("searches").glob("*.yaml")):
+        load_search(path)
+
+
+def test_a_failed_start_leaves_nothing_that_blocks_the_next_plain_run(tmp_path, capsys, ray_session):
+    out = tmp_path / "out"
+    bad = write_search(tmp_path, resources={"cpu": 1000})
+    assert main(["search", str(bad), "--out", str(out)]) == 2
+    good = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=1, baselines=[], scheduler=None,
+                        overrides={"train.steps": 10, "train.eval_every": 10})
+    capsys.readouterr()
+    assert main(["search", str(good), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "search.json").exists()
+
+
+def node(cpu=2.0, gpu=0.0, memory_gib=8.0, address="10.0.0.1", node_id="a"):
+    return {"Alive": True, "NodeID": node_id, "NodeManagerAddress": address,
+            "Resources": {"CPU": cpu, "GPU": gpu, "memory": memory_gib * 2**30}}
+
+
+def test_resources_and_memory_are_compared_with_the_nodes(tmp_path):
+    plan = load_search(write_search(tmp_path, resources={"cpu": 4, "gpu": 1}))
+    needs = {"depth=2": 3 * 2**30, "depth=4": 5 * 2**30}
+    with pytest.raises(Exception, match=r"resources: a trial asks for 4 CPU and 1 GPU.*10.0.0.1: 2 CPU, 0 GPU.*10.0.0.2: 8 CPU, 0 GPU"):
+        check_nodes(plan, needs, [node(), node(cpu=8, address="10.0.0.2")], gpu_memory=None)
+    gpu_node = node(cpu=8, gpu=2)
+    check_nodes(plan, needs, [gpu_node], gpu_memory=None)  # GPU memory unknown: not refused
+    check_nodes(plan, needs, [gpu_node], gpu_memory=6 * 2**30)
+    with pytest.raises(Exception, match=r"cell depth=4: a trial needs about 5.0 GiB .* 4.0 GiB memory of one GPU"):
+        check_nodes(plan, needs, [gpu_node], gpu_memory=4 * 2**30)
+    cpu_plan = load_search(write_search(tmp_path, resources={"cpu": 2, "workers": 2}))
+    # Two data-parallel processes hold a copy each: 2 x 5 GiB do not fit 8 GiB, on the node that has the CPUs.
+    with pytest.raises(Exception, match=r"cell depth=4: a trial needs about 10.0 GiB \(2 processes\)"):
+        check_nodes(cpu_plan, needs, [node(cpu=2, memory_gib=8), node(cpu=1, memory_gib=64)], gpu_memory=None)
+    check_nodes(cpu_plan, needs, [node(cpu=2, memory_gib=16)], gpu_memory=None)
+
+
+def test_an_address_that_accepts_but_is_no_ray_fails_within_30_seconds(tmp_path):
+    path = write_search(tmp_path)
+    with socket.socket() as listener:  # accepts connections (the kernel does) and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(tmp_path / "out"), "--address", address],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ))
+        elapsed = time.monotonic() - started
+    err = done.stderr.strip()
+    assert done.returncode == 2, err
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert address in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_baseline_inside_the_space_and_a_key_fixed_in_one_place_still_load(tmp_path):
+    plan = load_search(write_search(tmp_path, overrides={"model.layers.mix_ln.early": "post"}, baselines=[{ALPHA: 0.75}]))
+    assert plan.baselines == [{ALPHA: 0.75}]
