@@ -350,7 +350,8 @@ class ResolvedSpec:
         # Files from before format 2 leave the newer per-layer fields out: fill in what they meant.
         filled = tuple(
             dataclasses.replace(
-                layer, kv_heads=layer.kv_heads or layer.heads, head_dim=layer.head_dim or self.width // layer.heads, norm=layer.norm or self.norm,
+                layer, kv_heads=layer.kv_heads or layer.heads, norm=layer.norm or self.norm,
+                head_dim=layer.head_dim or (self.width // layer.heads if layer.heads and self.width % layer.heads == 0 else None),
             ) for layer in self.layers
         )
         object.__setattr__(self, "layers", filled)
