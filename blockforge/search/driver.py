@@ -194,6 +194,9 @@ class ProgressView:
         if force or now - self.last >= self.every_s:
             self.last = now
             print(self.line(tune_trials), flush=True)
+            from blockforge.search.views import write_optuna_storage
+
+            write_optuna_storage(self.ledger.path.parent, self.plan, self.ledger.records())  # optuna-dashboard follows the search
 
 
 def _tune_callback(view: ProgressView):

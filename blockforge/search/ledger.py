@@ -6,14 +6,11 @@ plots and `blockforge export` read. It is append-only, so a killed driver loses 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from blockforge.io import atomic_write_text
 from blockforge.train.events import Status
 
 COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
@@ -74,13 +71,3 @@ class Ledger:
         for record in stopped:
             self.append(record)
         return stopped
-
-    def write_csv(self, path: str | Path) -> None:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for record in self.records():
-            row = asdict(record)
-            row["overrides"] = json.dumps(record.overrides, sort_keys=True)
-            writer.writerow(row)
-        atomic_write_text(path, buffer.getvalue())

@@ -18,6 +18,7 @@ from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
 from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.resolve import mix_ln_count, resolve
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
@@ -248,7 +249,9 @@ def _interval(span: tuple[float, float] | None) -> str:
 def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     """Write every report file; returns the summary table and claims as text (what the CLI prints)."""
     records = ledger.records()
-    ledger.write_csv(search_dir / "results.csv")
+    write_results_csv(plan, records, search_dir / "results.csv")
+    write_optuna_storage(search_dir, plan, records)
+    tensorboard = write_tensorboard(search_dir, records)
     evidence = evidence_by_cell(plan, records)
     write_best_specs(plan, evidence, search_dir / "best")
     headers, rows = cell_rows(plan, records, evidence)
@@ -264,6 +267,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard
+              else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
+    views = (f"Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, "
+             f"`best_alpha_vs_depth.png`.\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
     confirm = plan.confirm
     stages = (f"confirmation: the {confirm.top} best distinct models, the baselines and the best Pre-LN model, each trained to the full "
               f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else "")
@@ -278,7 +285,7 @@ Intervals: {METHOD} over the training seeds two models share (candidates trained
 
 {chr(10).join('- ' + c for c in claims)}
 
-Every trial: `results.csv`. Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, `best_alpha_vs_depth.png`.
+{views}
 
 ## Candidates per cell
 

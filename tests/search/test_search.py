@@ -263,6 +263,21 @@ def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_se
     best_lr = f"{winner.overrides['train.lr']:.4g}"
     assert best_lr in outcome.summary.splitlines()[2]  # the winner's lr in the cell's row, beside its alpha range
 
+    # The search seen by pandas, optuna-dashboard and TensorBoard.
+    table = rows(outcome.search_dir)
+    assert {"depth", "lr", "alpha", "seed"} <= set(table[0]) and {row["depth"] for row in table} == {"2"}  # an int stays an int
+    import optuna
+
+    from blockforge.search.views import optuna_storage
+
+    study = optuna.load_study(study_name="depth=2", storage=optuna_storage(outcome.search_dir / "optuna.journal"))
+    trained = [r for r in outcome.records if r.status in ("completed", "pruned", "diverged", "failed")]
+    assert len(study.trials) == len(trained) and study.direction == optuna.study.StudyDirection.MINIMIZE
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all({"train.lr", "model.layers.mix_ln.alpha"} <= set(t.params) and "seed" in t.user_attrs for t in done)
+    assert min(t.value for t in done) == min(r.value for r in trained if r.status == "completed")
+    assert list((outcome.search_dir / "tensorboard" / "depth=2").glob("*/events.out.tfevents.*"))
+
 
 def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, confirm={"top": 2, "seeds": 2},

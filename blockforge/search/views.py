@@ -1,0 +1,154 @@
+"""A search seen through the tools its users know: results.csv (pandas), an Optuna storage (optuna-dashboard)
+and every trial's curves in one TensorBoard folder.
+
+All three are views of the ledger (trials.jsonl), rebuilt from it whenever the reports are written and
+while the search runs, so they never disagree with it and a resumed search rebuilds them as they were.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from blockforge.io import atomic_write_text
+from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
+from blockforge.search.ledger import COLUMNS, TrialRecord
+from blockforge.train.events import Status
+
+OPTUNA_FILE = "optuna.journal"
+TENSORBOARD_FOLDER = "tensorboard"
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Column names for dotted keys: the last part ('model.depth' -> 'depth'), the whole key where two would clash."""
+    last = [key.replace("[", ".").replace("]", "").rsplit(".", 1)[-1] for key in keys]
+    return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
+
+
+def key_columns(plan: SearchPlan) -> dict[str, str]:
+    """Every cell key and searched key (Mix-LN's alpha has its own column) -> its results.csv column."""
+    keys = list(dict.fromkeys([*(key for cell in plan.cells for key in cell), *(d.key for d in plan.dimensions if d.key != MIX_LN_ALPHA)]))
+    names = short_names(keys)
+    return {key: name if name not in COLUMNS else key for key, name in names.items()}
+
+
+def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
+    """One row per trial: the ledger's columns, then one column per cell key and per searched key (ints stay ints)."""
+    columns = key_columns(plan)
+    fieldnames = COLUMNS[:2] + list(columns.values()) + COLUMNS[2:]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames, extrasaction="ignore")
+    writer.writeheader()
+    for record in records:
+        row = asdict(record)
+        row["overrides"] = json.dumps(record.overrides, sort_keys=True)
+        values = {**plan.cell(record.cell), **record.overrides}
+        row.update({name: values.get(key) for key, name in columns.items()})
+        writer.writerow(row)
+    atomic_write_text(path, buffer.getvalue())
+
+
+def _distribution(plan: SearchPlan, key: str):
+    """The Optuna distribution a searched key's recipe values lie in (alpha: all of [0, 1], since k/L may sit below a range's low end)."""
+    import optuna.distributions as d
+
+    if key == MIX_LN_ALPHA:
+        return d.FloatDistribution(0.0, 1.0)
+    return next(dim.optuna() for dim in plan.dimensions if dim.key == key)
+
+
+def _frozen_trial(plan: SearchPlan, record: TrialRecord):
+    """The record as a finished Optuna trial, or None for records that are not one (running, duplicate)."""
+    import optuna
+
+    state = {Status.COMPLETED: optuna.trial.TrialState.COMPLETE, Status.DIVERGED: optuna.trial.TrialState.COMPLETE,
+             Status.PRUNED: optuna.trial.TrialState.PRUNED, Status.FAILED: optuna.trial.TrialState.FAIL}.get(record.status)
+    if state is None:
+        return None
+    params, distributions = {}, {}
+    for key, value in record.overrides.items():
+        distribution = _distribution(plan, key)
+        if distribution._contains(distribution.to_internal_repr(value)):
+            params[key], distributions[key] = value, distribution
+    value = plan.penalty if record.status == Status.DIVERGED else record.value
+    if state == optuna.trial.TrialState.COMPLETE and value is None:
+        return None
+    attrs = {"trial": record.trial, "stage": record.stage, "seed": record.seed, "status": str(record.status), "steps": record.steps,
+             "post_ln_layers": record.post_ln_layers, "model": record.model, "run_dir": record.run_dir}
+    return optuna.trial.create_trial(
+        state=state, value=value if state == optuna.trial.TrialState.COMPLETE else None, params=params, distributions=distributions,
+        intermediate_values={record.steps: record.value} if state == optuna.trial.TrialState.PRUNED and record.value is not None else None,
+        user_attrs={k: v for k, v in attrs.items() if v is not None},
+    )
+
+
+def optuna_storage(path: Path):
+    """The Optuna journal storage in `path` (what `optuna.load_study(..., storage=...)` takes)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[TrialRecord]) -> Path:
+    """optuna.journal: one study per cell (named by the cell) holding every trained trial, rebuilt from the ledger
+    and swapped in whole. `optuna-dashboard optuna.journal` opens it; in Python, optuna.load_study(study_name=CELL,
+    storage=blockforge.search.views.optuna_storage(PATH))."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    target = search_dir / OPTUNA_FILE
+    fd, tmp = tempfile.mkstemp(prefix=".optuna-", suffix=".journal", dir=search_dir)
+    os.close(fd)
+    try:
+        storage = optuna_storage(Path(tmp))
+        for cell in plan.cell_names():
+            study = optuna.create_study(study_name=cell, storage=storage, direction="minimize" if plan.mode == "min" else "maximize")
+            study.set_user_attr("metric", plan.metric)
+            study.set_user_attr("cell", plan.cell(cell))
+            trials = [t for t in (_frozen_trial(plan, r) for r in records if r.cell == cell) if t is not None]
+            if trials:
+                study.add_trials(trials)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
+    """Every trained run's curves (loss, lr, evaluations) under tensorboard/<cell>/trial<N>-seed<S> (N: the first
+    trial that trained it), from its metrics.jsonl; rewritten only when the log changed. False without the tensorboard package."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return False
+    root = search_dir / TENSORBOARD_FOLDER
+    first = {}  # run folder -> the first record that trained in it (a pruned run continued by a replicate is one run)
+    for record in records:
+        if record.status not in (Status.DUPLICATE, Status.RUNNING) and record.run_dir:
+            first.setdefault(record.run_dir, record)
+    for run_dir, record in first.items():
+        log = Path(run_dir) / "metrics.jsonl"
+        if not log.exists():
+            continue
+        folder = root / cell_slug(record.cell) / f"trial{record.trial:03d}-seed{record.seed}"
+        stamp = f"{log.stat().st_size}:{log.stat().st_mtime_ns}"
+        if (folder / ".source").exists() and (folder / ".source").read_text() == stamp:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        writer = SummaryWriter(str(folder))
+        for line in log.read_text().splitlines():
+            entry = json.loads(line) if line.strip() else {}
+            for key, value in entry.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(f"{entry.get('event', 'train')}/{key}", value, entry["step"])
+        writer.close()
+        (folder / ".source").write_text(stamp)
+    return True
