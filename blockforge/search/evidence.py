@@ -126,7 +126,7 @@ class CellEvidence:
         if self.winner is None:
             return f"{self.cell}: no model finished the full budget."
         w = self.winner
-        text = f"{self.cell}: {describe(w)} has the best mean, {w.spread()}"
+        text = f"{self.cell}: best mean {describe(w)}, {w.spread()}"
         if self.verdict == "Pre-LN":
             text += "; it is the Pre-LN reference"
         elif self.reference is None:
