@@ -201,6 +201,7 @@ class SearchPlan:
     confirm: Confirm | None
     base_seeds: dict[str, int]  # per cell, its train.seed: exploration trains with it, confirmation adds seed + 1, ...
     depths: dict[str, int]  # per cell
+    workdir: str  # the driver's working directory: relative data paths name files there, as for `blockforge train`
 
     def cell_names(self) -> list[str]:
         return [cell_name(c) for c in self.cells]
@@ -246,11 +247,52 @@ class SearchPlan:
         return points
 
     def recipe(self, overrides: list[tuple[str, Any]]) -> Recipe:
-        return recipe_from_data(apply_overrides(self.base_data, overrides), file=self.file)
+        return recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
 
     def fingerprint(self) -> str:
-        plain = {k: v for k, v in self.__dict__.items() if k not in ("file", "max_concurrent")}
+        plain = {k: v for k, v in self.__dict__.items() if k not in ("file", "max_concurrent", "workdir")}
         return hashlib.sha256(json.dumps(to_plain(plain), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def anchor_data_paths(data: dict, workdir: str) -> dict:
+    """`data` with its relative local paths (data.path, a local data.tokenizer.hf folder) made absolute from workdir.
+
+    Tune starts every trial in a folder of its own, where a path relative to the directory the search was
+    started from would name nothing.
+    """
+    section = data.get("data")
+    if not isinstance(section, dict):
+        return data
+
+    def anchored(value):
+        if not isinstance(value, str) or value.startswith("~") or os.path.isabs(value):
+            return value
+        return os.path.join(workdir, value)
+
+    section = dict(section)
+    if isinstance(section.get("path"), list):
+        section["path"] = [anchored(p) for p in section["path"]]
+    elif section.get("path") is not None:
+        section["path"] = anchored(section["path"])
+    tokenizer = section.get("tokenizer")
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("hf"), str) and os.path.isdir(os.path.join(workdir, tokenizer["hf"])):
+        section["tokenizer"] = {**tokenizer, "hf": anchored(tokenizer["hf"])}
+    return {**data, "data": section}
+
+
+def _check_local_data(recipe: Recipe) -> None:
+    """Local data that is not there fails now, once, rather than in every trial."""
+    from blockforge.data.corpus import expand_paths
+    from blockforge.errors import DataError
+
+    data = recipe.data
+    if data.source == "text":
+        try:
+            expand_paths(data.path)
+        except DataError as err:
+            raise SpecError(str(err).removeprefix("data.path: "), path="data.path") from None
+    elif data.source in ("fashion-mnist", "image-folder") and not os.path.isdir(os.path.expanduser(data.path)):
+        raise SpecError(f"{data.path!r} is not a folder; point it at the {data.source} data", path="data.path")
 
 
 def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None) -> SearchPlan:
@@ -352,12 +394,16 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
     probes = [{}] + spec.baselines
+    workdir = os.getcwd()
     steps = eval_every = warmup = None
     depths, seeds = {}, {}
     for cell in cells:
         for probe in probes:
             try:
-                recipe = recipe_from_data(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), file=str(base_path))
+                recipe = recipe_from_data(anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), workdir),
+                                          file=str(base_path))
+                if not probe:
+                    _check_local_data(recipe)
             except SpecError as err:
                 where = f"cell {cell_name(cell)}" + (f" with baseline {probe}" if probe else "")
                 raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
@@ -390,5 +436,5 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=spec.objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
-        steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths,
+        steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
     )

@@ -39,6 +39,8 @@ def ensure_ray(address: str | None) -> bool:
         # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if os.environ.get("BLOCKFORGE_CACHE"):  # trials run in folders of their own: a relative cache would be one per trial
+        os.environ["BLOCKFORGE_CACHE"] = os.path.abspath(os.path.expanduser(os.environ["BLOCKFORGE_CACHE"]))
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     ray = _import_ray()

@@ -95,3 +95,29 @@ def test_a_cell_that_sets_the_training_seed_trains_with_it(tmp_path):
     assert plan.base_seeds == {"depth=2,seed=0": 0, "depth=2,seed=5": 5}
     recipe = plan.recipe(plan.seed_overrides("depth=2,seed=5", {}, plan.base_seeds["depth=2,seed=5"]))
     assert recipe.train.seed == 5
+
+
+def relative_data(tmp_path, monkeypatch, path):
+    """The tiny search with its corpus named relative to tmp_path, the directory the search is started from."""
+    search = write_search(tmp_path)
+    recipe = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
+    recipe["data"]["path"] = path
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.chdir(tmp_path)
+    return search
+
+
+def test_relative_data_paths_name_files_where_the_search_was_started(tmp_path, monkeypatch):
+    plan = load_search(relative_data(tmp_path, monkeypatch, "corpus.txt"))
+    monkeypatch.chdir("/")  # trials run in folders of their own
+    assert plan.recipe(plan.overrides).data.path == str(tmp_path / "corpus.txt")
+
+
+def test_missing_local_data_fails_before_any_trial(tmp_path, monkeypatch):
+    import pytest
+
+    from blockforge.errors import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        load_search(relative_data(tmp_path, monkeypatch, "nowhere/*.txt"))
+    assert "data.path" in str(caught.value) and "matches no files" in str(caught.value)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from blockforge.cli import main
 from blockforge.search.driver import run_search
@@ -93,6 +94,17 @@ def test_diverged_trial_is_recorded_and_the_search_finishes(tmp_path, ray_sessio
     diverged = next(r for r in outcome.records if r.status == "diverged")
     assert diverged.alpha == 1.0 and diverged.steps < 30
     assert json.loads((tmp_path / "out" / "trials" / "depth=6" / diverged.identity / "result.json").read_text())["status"] == "diverged"
+
+
+def test_a_corpus_named_relative_to_the_start_directory_trains(tmp_path, ray_session, monkeypatch):
+    from .test_config import relative_data
+
+    path = relative_data(tmp_path, monkeypatch, "corpus.txt")
+    data = yaml.safe_load(path.read_text())
+    data.update(cells={"model.depth": [2]}, trials_per_cell=1, scheduler=None, baselines=[{"model.layers.mix_ln.alpha": 0.0}])
+    path.write_text(yaml.safe_dump(data))
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=0)
+    assert [r.status for r in outcome.records] == ["completed"]
 
 
 def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_session):
