@@ -83,6 +83,11 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def save_png(figure, path: str | os.PathLike, dpi: int = 120) -> None:
+    """A matplotlib figure written as a PNG atomically (the temporary name has no .png suffix, so the format is named)."""
+    atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=dpi))
+
+
 def read_json(path: str | os.PathLike, fix: str) -> Any:
     """A JSON file's data; a missing, unreadable or cut-off file is one CorruptFolderError sentence ending in `fix`."""
     path = Path(path)

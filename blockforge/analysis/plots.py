@@ -12,15 +12,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from blockforge.io import atomic_write
+from blockforge.io import save_png
 
 
 def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
-
-
-def _save(fig: Figure, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))  # the temp name has no .png suffix
 
 
 def _state(result: dict) -> str:
@@ -49,7 +45,7 @@ def plot_grad_norms(record: dict, path: Path) -> None:
     samples = record["inputs"]
     ax.set_title(f"Gradient norm per layer (mean ± std over {samples['grad_batches']} batches of {samples['batch_size']} per model)")
     ax.legend(fontsize="small")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def plot_grad_norms_training(record: dict, path: Path) -> None:
@@ -75,7 +71,7 @@ def plot_grad_norms_training(record: dict, path: Path) -> None:
         ax.set_visible(False)
     axes[0, 0].set_ylabel("gradient L2 norm")
     fig.suptitle("Per-layer gradient norms during training (from metrics.jsonl)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def plot_angular_distance(record: dict, path: Path) -> None:
@@ -97,7 +93,7 @@ def plot_angular_distance(record: dict, path: Path) -> None:
     for ax in axes.flat[len(results):]:
         ax.set_visible(False)
     fig.suptitle(f"Angular distance $d(x_l, x_{{l+n}})$ between layer inputs ({results[0]['tokens']:,} tokens per model)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def plot_layer_drop(record: dict, path: Path) -> None:
@@ -116,7 +112,7 @@ def plot_layer_drop(record: dict, path: Path) -> None:
     ax.set_ylabel(f"change in {metric}")
     ax.set_title(f"Layer-drop: {metric} with one layer skipped, minus the full model's")
     ax.legend(fontsize="small")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 PLOTS = {

@@ -20,6 +20,7 @@ from blockforge.analysis.plots import plot
 from blockforge.analysis.targets import Samples, label_targets, open_target, target_dataset, trained_model, untrained_model
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
+from blockforge.spec import Assignment
 
 RECORD_FORMAT = 1
 DEFAULT_TOKENS = 256 * 1024  # LM tokens for angular distance and layer-drop
@@ -79,7 +80,7 @@ def analyze(
     _check_settings(paths, out, chosen, tokens, images, seeds, batch_size, grad_batches)
     targets = [open_target(path, overrides) for path in paths]
     label_targets(targets, at_init=at_init)
-    model_keys = [item.key for item in overrides if item.key.startswith("model.")]
+    model_keys = [key for key, _ in overrides if key.startswith("model.")]
     for target in targets:
         if target.trained and not at_init and model_keys:
             raise BlockforgeError(
@@ -97,7 +98,7 @@ def analyze(
 
     inputs = {
         "targets": [{"path": str(t.path), "kind": t.kind, "label": t.label} for t in targets],
-        "at_init": at_init, "overrides": [str(item) for item in overrides], "seeds": seeds,
+        "at_init": at_init, "overrides": [str(Assignment(*item)) for item in overrides], "seeds": seeds,
         "tokens": tokens, "images": images, "batch_size": batch_size, "grad_batches": grad_batches,
         "drop_metric": drop_metric, "device": str(torch_device), "blockforge": __version__, "torch": torch.__version__,
     }

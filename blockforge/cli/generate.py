@@ -8,10 +8,12 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    from blockforge.cli.common import positive_int
+
     p = sub.add_parser("generate", help="continue a text prompt with a trained llama (a run or export folder)")
     p.add_argument("dir", help="a run folder or an exported model folder (with its tokenizer/)")
     p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -29,8 +31,6 @@ def run(args: argparse.Namespace) -> int:
     from blockforge.train.runtime import pick_device
 
     folder = Path(args.dir)
-    if args.max_new_tokens < 1:
-        raise BlockforgeError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
     device = pick_device(args.device)
     model = load(folder, device=device)
     if not hasattr(model, "generate"):

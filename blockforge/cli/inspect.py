@@ -9,13 +9,13 @@ from blockforge.tables import text_table
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli.common import add_set
+    from blockforge.cli.common import add_set, positive_int
 
     p = sub.add_parser("inspect", help="print the resolved per-layer table of a recipe")
     p.add_argument("recipe", help="a recipe YAML file")
     add_set(p)
     p.add_argument("--memory", action="store_true", help="also print the training memory plan (computed on the meta device)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs the plan spreads over (with --fsdp)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs the plan spreads over (with --fsdp)")
     p.add_argument("--fsdp", action="store_true", help="plan for weights, gradients and optimizer state sharded over --gpus")
     p.set_defaults(func=run)
 

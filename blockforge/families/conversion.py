@@ -89,3 +89,8 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def probe_tokens(vocab: int, context: int) -> torch.Tensor:
+    """The fixed random token ids a converted language model is checked on against its source."""
+    return torch.randint(0, vocab, (2, min(16, context)), generator=torch.Generator().manual_seed(0))

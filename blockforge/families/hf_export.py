@@ -22,7 +22,7 @@ from torch import nn
 
 from blockforge.data.tokenizer import load_tokenizer
 from blockforge.errors import DataError
-from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, probe_tokens
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.llama_hf import hf_llama_problems, to_hf_llama
 from blockforge.nn.attention import Attention
@@ -145,7 +145,7 @@ def remote_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
     source.finish()
     hf_model.generation_config.update(**ids.config())
     hf_model.eval()
-    tokens = random_tokens(model.spec)
+    tokens = probe_tokens(model.spec.vocab, model.spec.context)
     with torch.no_grad():
         check_same_outputs(hf_model(tokens).logits, model(tokens), "the transformers export", TOLERANCE, cause=CAUSE)
     return hf_model
@@ -244,10 +244,6 @@ def norm_slot(module: nn.Module, where: str, norm: str, eps: float) -> bool:
     raise ConversionError(f"{where} is a {type(module).__name__} where the transformers modeling file holds {held} or nothing")
 
 
-def random_tokens(spec: ResolvedSpec) -> torch.Tensor:
-    return torch.randint(0, spec.vocab, (2, min(16, spec.context)), generator=torch.Generator().manual_seed(0))
-
-
 def verify(stage: Path, model: nn.Module, model_class, ids: TokenIds) -> None:
     """Load the staged folder as a user will, and refuse unless every weight loads and the logits agree."""
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -256,7 +252,7 @@ def verify(stage: Path, model: nn.Module, model_class, ids: TokenIds) -> None:
     problems = {key: sorted(value)[:3] for key, value in info.items() if value}
     if problems:
         raise ConversionError(f"the written transformers folder does not load cleanly ({problems}); refused")
-    tokens = random_tokens(model.spec)
+    tokens = probe_tokens(model.spec.vocab, model.spec.context)
     with torch.no_grad():
         check_same_outputs(loaded.eval()(tokens).logits, model(tokens), "the written transformers folder", TOLERANCE, cause=CAUSE)
     tokenizer = AutoTokenizer.from_pretrained(stage, config=loaded.config)  # the config given: no remote-code question

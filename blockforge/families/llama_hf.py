@@ -1,8 +1,9 @@
 """Weights to and from Hugging Face's `transformers.LlamaForCausalLM` (a uniform Pre-LN llama).
 
-Features blockforge does not model (grouped-query attention, biases, rope scaling, windows, other
-model types) are refused with a sentence, never silently dropped; every conversion checks its
-result against its source on a random input (families/conversion.py).
+Llama-2/3, TinyLlama, Mistral (one sliding window) and Qwen2 (q/k/v biases, per-layer layer_types)
+configurations convert; anything blockforge does not model (other rope scalings, other model types,
+...) is refused with a sentence naming it, never silently dropped. Every conversion checks its result
+against its source on a random input (families/conversion.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating, probe_tokens
 from blockforge.nn.build import build_model, copy_weight
 from blockforge.nn.attention import rope_frequencies
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, ModelSpec, ResolvedSpec, RopeScaling
@@ -28,10 +29,6 @@ def _interleaved_to_half_split(rows: torch.Tensor, heads: int) -> torch.Tensor:
 
 CONVERTED_TYPES = ("llama", "mistral", "qwen2")  # LlamaForCausalLM's computation; Mistral adds a window, Qwen2 q/k/v biases
 ROPE_TYPES = ("default", "llama3")
-
-
-def _random_tokens(vocab: int, context: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, min(16, context)), generator=torch.Generator().manual_seed(0))
 
 
 def _float32_copy(model: nn.Module) -> nn.Module:
@@ -137,7 +134,7 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
     model.eval()
-    tokens = _random_tokens(spec.vocab, spec.context)
+    tokens = probe_tokens(spec.vocab, spec.context)
     with torch.no_grad(), evaluating(_float32_copy(hf_model)) as reference:
         check_same_outputs(model(tokens), reference(tokens.to(next(hf_model.parameters()).device)).logits.cpu(), what)
     return model
@@ -214,7 +211,7 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
     if not spec.tie_embeddings:
         copy_weight(hf_model.lm_head.weight, model.head.weight)
     hf_model.eval()
-    tokens = _random_tokens(spec.vocab, spec.context)
+    tokens = probe_tokens(spec.vocab, spec.context)
     with torch.no_grad(), evaluating(_float32_copy(model)) as reference:
         check_same_outputs(hf_model(tokens).logits, reference(tokens), "to_hf_llama")
     return hf_model

@@ -41,7 +41,7 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x[2j], x[2j+1]) of x (B, T, ..., hs) by its angle t w_j.
 
     Pairs are adjacent (interleaved RoPE, as in the original LLaMA code). Hugging Face's LLaMA pairs
-    x[j] with x[j + hs/2] instead; convert.py permutes query/key rows so both give the same logits.
+    x[j] with x[j + hs/2] instead; families/llama_hf.py permutes query/key rows so both give the same logits.
     Eager mode does it as one complex multiply; under torch.compile, whose code generator has no complex
     kernels, as the same rotation in real arithmetic, which it fuses.
     """
@@ -149,7 +149,6 @@ class Attention(nn.Module):
         self.head_dim = head_dim or width // heads
         self.causal = causal
         self.window = window
-        self.backend = backend
         self.kernel = ATTENTION_BACKENDS[backend]  # chosen once, at build
         self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
-from blockforge.search.config import load_search
+from blockforge.search.config import stored_plan
 from blockforge.search.ledger import Ledger
 from blockforge.tables import fmt, markdown_table
 from blockforge.train.events import Status
@@ -35,8 +34,7 @@ def export_best(
     from blockforge.train.loop import Trainer
 
     search_dir = Path(search_dir)
-    marker = json.loads((search_dir / "search.json").read_text())
-    plan = load_search(marker["file"])
+    plan = stored_plan(search_dir)
     records = Ledger(search_dir / "trials.jsonl").records()
     name = _pick_cell(plan.cell_names(), cell, search_dir)
     evidence = evidence_by_cell(plan, records)[name]

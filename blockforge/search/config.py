@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blockforge.errors import SpecError
+from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
+from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
 from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile
@@ -27,6 +28,7 @@ DISCRETE = ("int", "choice", "grid", "layers")
 MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
 MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
 SEED_KEY = "train.seed"
+MARKER = "search.json"  # in a search folder: the search file, --set overrides and start directory it was started with
 OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
 
 
@@ -168,12 +170,11 @@ def trial_identity(recipe: Recipe, *, with_seed: bool = True) -> str:
 
     with_seed=False names the *model* the trial replicates: the same identity for every training seed.
     """
-    from blockforge.spec.resolve import resolve
 
     train = to_plain(recipe.train)
     if not with_seed:
         train.pop("seed")
-    plain = {"arch": resolve(recipe.model).arch_hash(), "train": train, "data": to_plain(recipe.data)}
+    plain = {"arch": recipe.spec.arch_hash(), "train": train, "data": to_plain(recipe.data)}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -295,12 +296,41 @@ def _check_local_data(recipe: Recipe) -> None:
         raise SpecError(f"{data.path!r} is not a folder; point it at the {data.source} data", path="data.path")
 
 
-def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None) -> SearchPlan:
-    """Read, validate and pre-flight a search file; any problem is one SpecError naming the key path."""
+def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None, workdir: str | None = None) -> SearchPlan:
+    """Read, validate and pre-flight a search file; any problem is one SpecError naming the key path.
+
+    `workdir`: where relative data paths point (default: the current directory).
+    """
     try:
-        return _load_search(Path(path), overrides)
+        return _load_search(Path(path), overrides, workdir or os.getcwd())
     except SpecError as err:
         raise err.located(str(path)) from None
+
+
+def folder_marker(plan: SearchPlan, overrides: list[tuple[str, Any]] | None) -> dict:
+    """What search.json records: enough to rebuild the plan a search folder was started with."""
+    return {"file": str(Path(plan.file).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name,
+            "overrides": [[key, value] for key, value in overrides or []], "workdir": plan.workdir}
+
+
+def read_marker(search_dir: Path) -> dict:
+    """A search folder's search.json; a damaged one is one sentence."""
+    path = Path(search_dir) / MARKER
+    marker = read_json(path, "the search folder is damaged; start the search again with another --out")
+    if not isinstance(marker, dict) or not all(isinstance(marker.get(k), str) for k in ("file", "fingerprint")):
+        raise CorruptFolderError(f"{path}: names no search file and fingerprint; the search folder is damaged; "
+                                 "start the search again with another --out")
+    return marker
+
+
+def stored_plan(search_dir: Path) -> SearchPlan:
+    """The plan a search folder was started with: its file, --set overrides and start directory, checked unchanged."""
+    marker = read_marker(search_dir)
+    plan = load_search(marker["file"], [tuple(o) for o in marker.get("overrides", [])], workdir=marker.get("workdir"))
+    if plan.fingerprint() != marker["fingerprint"]:
+        raise BlockforgeError(f"{marker['file']}: changed since the search in {search_dir} started; "
+                              "restore the file it ran with (its results belong to that one)")
+    return plan
 
 
 def _check_fixed_or_searched(spec: SearchFile, assignments: list, fail) -> None:
@@ -341,7 +371,7 @@ def _check_baseline(baseline: dict, dimensions: list[Dimension], where: str, che
         raise fail(f"must set every searched key; missing {', '.join(missing)}", where)
 
 
-def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchPlan:
+def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str) -> SearchPlan:
     spec = parse(SearchFile, read_yaml(path))
 
     def fail(message: str, where: str) -> SpecError:
@@ -394,7 +424,6 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None) -> SearchP
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
     probes = [{}] + spec.baselines
-    workdir = os.getcwd()
     steps = eval_every = warmup = None
     depths, seeds = {}, {}
     for cell in cells:

@@ -7,9 +7,9 @@ results.csv, best/, summary.md, the plots and the fitted alpha law.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,7 +22,8 @@ from pathlib import Path
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, writable_folder
 from blockforge.search import reaper
-from blockforge.search.config import SearchPlan, load_search
+from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
+from blockforge.spec import Assignment
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.train.events import Status
 
@@ -33,9 +34,7 @@ CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone 
 
 def ensure_ray(address: str | None) -> bool:
     """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started or joined here."""
-    if address is not None:
-        _probe(address)
-    else:
+    if address is None:
         # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -334,8 +333,10 @@ class _QuietWhenInterrupted:
         return self.interrupts.signal is None
 
 
-def resume_command(path: str | os.PathLike, search_dir: Path) -> str:
-    return f"blockforge search {path} --out {search_dir} --resume"
+def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tuple] | None) -> str:
+    """The command line that continues this search: the same file and --set flags, with --resume."""
+    sets = [part for assignment in overrides or [] for part in ("--set", str(Assignment(*assignment)))]
+    return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), "--resume"])
 
 
 def _trainable(plan: SearchPlan, search_dir: Path):
@@ -359,16 +360,21 @@ def run_search(
     """
     if max_concurrent is not None and max_concurrent < 1:
         raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
-    plan = load_search(path, overrides)
+    # A resumed search reads its data where it was started (without --out, runs/ is relative to here anyway).
+    started_in = read_marker(Path(out)).get("workdir") if resume and out and (Path(out) / MARKER).exists() else None
+    plan = load_search(path, overrides, workdir=started_in)
     search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
     search_dir = search_dir.resolve()
-    marker = search_dir / "search.json"
+    marker = search_dir / MARKER
     if marker.exists() and not resume:
         raise BlockforgeError(f"{search_dir}: already holds a search; pass --resume to continue it, or choose another --out")
     if resume and not marker.exists():
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
-    if resume and json.loads(marker.read_text())["fingerprint"] != plan.fingerprint():
-        raise BlockforgeError(f"{path}: the search file changed since {search_dir} was started; resume with the same file, or choose another --out")
+    if resume:
+        started = read_marker(search_dir)
+        if started["fingerprint"] != plan.fingerprint():
+            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
+                                  f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
     if address is not None:
         _probe(address)  # seconds, not the minutes of a Ray start that waits on it
     from blockforge.search.preflight import check_cluster, memory_needs
@@ -376,14 +382,14 @@ def run_search(
     needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
     writable_folder(search_dir, "the search")
     ledger = Ledger(search_dir / "trials.jsonl")
-    with Interrupts(resume_command(path, search_dir)) as interrupts:
+    with Interrupts(resume_command(path, search_dir, overrides)) as interrupts:
         started_here = ensure_ray(address)
         try:
             interrupts.arm()
             check_cluster(plan, needs, address)
             interrupts.check()
             if not resume:
-                atomic_write_json(marker, {"file": str(Path(path).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name})
+                atomic_write_json(marker, folder_marker(plan, overrides))
             view = ProgressView(ledger, plan, every_s=progress_every_s)
             _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
         except BaseException:

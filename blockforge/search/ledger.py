@@ -7,6 +7,7 @@ plots and `blockforge export` read. It is append-only, so a killed driver loses 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,6 @@ from blockforge.train.events import Status
 
 COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
            "model", "identity", "duplicate_of", "note"]
-STAGES = ("explore", "confirm")
 
 
 @dataclass
@@ -47,8 +47,14 @@ class Ledger:
 
     def append(self, record: TrialRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(asdict(record)) + "\n")
+        line = (json.dumps(asdict(record)) + "\n").encode()
+        with open(self.path, "ab+") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line  # a line cut short by a kill stays on its own, not glued to this one
+            f.write(line)
 
     def records(self) -> list[TrialRecord]:
         """The latest record of every trial, in cell then trial order."""
@@ -56,9 +62,11 @@ class Ledger:
             return []
         latest: dict[tuple[str, int], TrialRecord] = {}
         for line in self.path.read_text().splitlines():
-            if line.strip():
+            try:
                 record = TrialRecord(**json.loads(line))
-                latest[(record.cell, record.trial)] = record
+            except (ValueError, TypeError):  # blank, or cut short by a kill: the trial's previous record stands
+                continue
+            latest[(record.cell, record.trial)] = record
         return sorted(latest.values(), key=lambda r: (r.cell, r.trial))
 
     def latest(self, cell: str, trial: int) -> TrialRecord | None:

@@ -34,7 +34,6 @@ def _probes(plan: SearchPlan) -> list[dict[str, Any]]:
 
 def memory_needs(plan: SearchPlan) -> dict[str, int]:
     """Per cell, the largest memory plan of its candidate models: bytes per training process."""
-    from blockforge.spec.resolve import resolve
     from blockforge.train.memory import memory_plan
 
     needs: dict[str, int] = {}
@@ -47,7 +46,7 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
             except SpecError:
                 continue  # a value that is invalid on its own here becomes a failed trial, not a plan
             train = recipe.train
-            key = json.dumps([resolve(recipe.model).arch_hash(), train.micro_batch, train.precision, train.parallel])
+            key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel])
             if key not in planned:
                 try:
                     planned[key] = int(memory_plan(recipe, gpus=plan.resources.data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.io import atomic_write_json, atomic_write_text
+from blockforge.io import atomic_write_json, atomic_write_text, save_png
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
 from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
-from blockforge.spec.resolve import mix_ln_count, resolve
+from blockforge.spec.resolve import mix_ln_count
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
@@ -169,7 +169,7 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
         fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(f"{plan.name}: {plan.metric} vs alpha per cell (pruned points are partial)")
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -206,7 +206,7 @@ def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -217,7 +217,7 @@ def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder
             continue
         slug = cell_slug(cell)
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), e.winner.overrides))
-        save_spec(resolve(recipe.model), folder / f"{slug}.yaml")
+        save_spec(recipe.spec, folder / f"{slug}.yaml")
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
 
 

@@ -204,10 +204,9 @@ class CellSearcher(Searcher):
 
     def _identify(self, info: dict) -> None:
         """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities and shape."""
-        from blockforge.spec.resolve import resolve
 
         recipe = self.plan.recipe(info["overrides"])
-        spec = resolve(recipe.model)
+        spec = recipe.spec
         info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
                     post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre())
 

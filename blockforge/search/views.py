@@ -145,7 +145,12 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
         shutil.rmtree(folder, ignore_errors=True)
         writer = SummaryWriter(str(folder))
         for line in log.read_text().splitlines():
-            entry = json.loads(line) if line.strip() else {}
+            try:
+                entry = json.loads(line)
+            except ValueError:  # blank, or cut short by a kill
+                continue
+            if not isinstance(entry, dict) or "step" not in entry:
+                continue
             for key, value in entry.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     writer.add_scalar(f"{entry.get('event', 'train')}/{key}", value, entry["step"])

@@ -4,7 +4,7 @@
 - A plain scalar YAML 1.1 reads as a base-60 number: `at: 1:3` is 63, not the slice '1:3'.
 - Anchors and aliases that refer to themselves, or expand to more values than any spec holds.
 
-Every recipe, search file and spec.yaml is read through `read_yaml`; `--set` values through `load_value`.
+Every recipe, search file and spec.yaml is read through `read_yaml`; `--set` values through `load_text`.
 """
 
 from __future__ import annotations

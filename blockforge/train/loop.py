@@ -153,7 +153,7 @@ class Trainer:
         if chosen is not False:
             self.model.set_grad_checkpointing(True if chosen is True else select_layers(chosen, self.spec.depth, "train.activation_checkpointing"))
         if cfg.compile:
-            self.compiled_signatures = compile_blocks(self.model)
+            compile_blocks(self.model)
 
     def _parallelize(self, model: nn.Module) -> nn.Module:
         """DDP (a wrapper), or FSDP2 (each block, then the root, sharded in place); the model to call."""

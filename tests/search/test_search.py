@@ -107,6 +107,44 @@ def test_a_corpus_named_relative_to_the_start_directory_trains(tmp_path, ray_ses
     assert [r.status for r in outcome.records] == ["completed"]
 
 
+def test_a_search_folder_remembers_its_sets_and_start_directory_and_survives_damage(tmp_path, ray_session, monkeypatch, capsys):
+    from .test_config import relative_data
+
+    path = relative_data(tmp_path, monkeypatch, "corpus.txt")
+    data = yaml.safe_load(path.read_text())
+    data.update(cells={"model.depth": [2]}, trials_per_cell=1, scheduler=None, baselines=[{"model.layers.mix_ln.alpha": 0.0}])
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    sets = ["--set", "train.eval_batches=1"]
+    assert main(["search", str(path), *sets, "--out", str(out)]) == 0
+    # Resuming without the --set is refused with the command line that works.
+    capsys.readouterr()
+    assert main(["search", str(path), "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since" in err and "--set train.eval_batches=1" in err and len(err.strip().splitlines()) == 1
+    # A line cut short by a kill is skipped, and the next record starts a line of its own.
+    ledger = Ledger(out / "trials.jsonl")
+    before = ledger.records()
+    with open(out / "trials.jsonl", "a") as f:
+        f.write('{"cell": "depth=2", "tri')
+    assert ledger.records() == before
+    ledger.append(before[0])
+    assert ledger.records() == before
+    assert main(["search", str(path), *sets, "--out", str(out), "--resume"]) == 0
+    # Export from elsewhere rebuilds the plan with the --set and the start directory (the corpus is relative).
+    monkeypatch.chdir("/")
+    assert main(["export", str(out), "--out", str(tmp_path / "model"), "--retrain", "--no-progress"]) == 0
+    assert yaml.safe_load((tmp_path / "model" / "recipe.yaml").read_text())["train"]["eval_batches"] == 1
+    # A damaged search.json is one sentence, for export and for resume.
+    (out / "search.json").write_text('{"file": ')
+    capsys.readouterr()
+    assert main(["export", str(out), "--out", str(tmp_path / "again"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "search.json" in err and "not valid JSON" in err and "Traceback" not in err
+    assert main(["search", str(path), *sets, "--out", str(out), "--resume"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
 def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, trials_per_cell=4, cells={"model.depth": [4]},
                         space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.25, 0.5, 0.75]}}, sampler={"random": {"seed": 0}},
