@@ -170,8 +170,8 @@ class ProgressView:
         self.started = time.time()
         self.last = 0.0
 
-    def line(self, tune_trials: list | None = None) -> str:
-        records = self.ledger.records()
+    def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
+        records = self.ledger.records() if records is None else records
         shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE)
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
         counts["replicates"] = sum(r.stage == "confirm" and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
@@ -190,14 +190,16 @@ class ProgressView:
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}")
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
-    def update(self, force: bool = False, tune_trials: list | None = None) -> None:
+    def update(self, force: bool = False, tune_trials: list | None = None, journal: bool = True) -> None:
         now = time.time()
         if force or now - self.last >= self.every_s:
             self.last = now
-            print(self.line(tune_trials), flush=True)
-            from blockforge.search.views import write_optuna_storage
+            records = self.ledger.records()
+            print(self.line(tune_trials, records), flush=True)
+            if journal:
+                from blockforge.search.views import write_optuna_storage
 
-            write_optuna_storage(self.ledger.path.parent, self.plan, self.ledger.records())  # optuna-dashboard follows the search
+                write_optuna_storage(self.ledger.path.parent, self.plan, records)  # optuna-dashboard follows the search
 
 
 def _tune_callback(view: ProgressView):
@@ -402,7 +404,7 @@ def run_search(
             if started_here:
                 stop_ray()
         interrupts.phase = "end"
-        view.update(force=True)
+        view.update(force=True, journal=False)  # the reports below rebuild every view
         from blockforge.search.report import write_reports
 
         summary = write_reports(search_dir, plan, ledger)
