@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import tempfile
@@ -54,6 +55,18 @@ def writes_into(folder: str | os.PathLike, what: str, fix: str = "free space the
         raise failure from None
 
 
+@functools.cache
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def plain_file_mode(tmp: str) -> None:
+    """Give a mkstemp file (0600) the mode an ordinary new file gets, so others on shared storage can read it."""
+    os.chmod(tmp, 0o666 & ~_umask())
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)` then rename the temp file over `path`; the temp file never outlives a failure."""
     path = Path(path)
@@ -62,6 +75,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
+            plain_file_mode(tmp)
             write(tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())

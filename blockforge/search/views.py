@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from blockforge.io import atomic_write_text
+from blockforge.io import atomic_write_text, plain_file_mode
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.ledger import COLUMNS, TrialRecord
 from blockforge.train.events import Status
@@ -107,6 +107,7 @@ def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[Trial
     fd, tmp = tempfile.mkstemp(prefix=".optuna-", suffix=".journal", dir=search_dir)
     os.close(fd)
     try:
+        plain_file_mode(tmp)
         storage = optuna_storage(Path(tmp))
         for cell in plan.cell_names():
             study = optuna.create_study(study_name=cell, storage=storage, direction="minimize" if plan.mode == "min" else "maximize")

@@ -139,3 +139,18 @@ def test_lock_file_says_who_owns_the_folder(tmp_path):
     assert owner["pid"] == os.getpid() and owner["host"] == os.uname().nodename
     lock.release()
     assert not (tmp_path / "run.lock").exists()
+
+
+def test_files_written_atomically_get_an_ordinary_files_mode(tmp_path):
+    from blockforge.io import _umask, atomic_write_text
+
+    mask = os.umask(0o022)
+    _umask.cache_clear()  # read once per process; this test sets it
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(mask)
+        _umask.cache_clear()
+    # readable by others on shared storage, like a file written with open(): not mkstemp's 0600
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == (tmp_path / "plain.json").stat().st_mode & 0o777 == 0o644
