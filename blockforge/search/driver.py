@@ -363,8 +363,8 @@ def run_search(
     if max_concurrent is not None and max_concurrent < 1:
         raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
     # A resumed search reads its data where it was started (without --out, runs/ is relative to here anyway).
-    started_in = read_marker(Path(out)).get("workdir") if resume and out and (Path(out) / MARKER).exists() else None
-    plan = load_search(path, overrides, workdir=started_in)
+    started = read_marker(Path(out)) if resume and out and (Path(out) / MARKER).exists() else None
+    plan = load_search(path, overrides, workdir=started.get("workdir") if started else None)
     search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
     search_dir = search_dir.resolve()
     marker = search_dir / MARKER
@@ -373,7 +373,7 @@ def run_search(
     if resume and not marker.exists():
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
     if resume:
-        started = read_marker(search_dir)
+        started = started or read_marker(search_dir)
         if started["fingerprint"] != plan.fingerprint():
             raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
                                   f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")

@@ -27,20 +27,43 @@ def bpe(tmp_path_factory):
     return wrap_bpe(train_bpe(corpus.read_text().split("\n\n"), VOCAB), f"bpe-{VOCAB}")
 
 
+def perturb(model) -> None:
+    """Norm weights, layer scales and DyT alphas away from their init, biases away from 0: a tensor a
+    conversion leaves behind then shows in the logits."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".alpha"):
+                p.uniform_(0.3, 1.0)
+            elif name.endswith(("norm.weight", "layer_scale")):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
+
+
+def assert_padding_changes_nothing(model, tokenizer, texts: list[str], tol: float, same_length: bool = False) -> None:
+    """Each row of a padded batch (left and right padding) gives the logits its text gives alone; the first
+    text is the shorter one, so only its row is padded."""
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            together = model(**batch).logits
+            for row, text in enumerate(texts):
+                alone = model(**tokenizer(text, return_tensors="pt")).logits[0]
+                real = batch.attention_mask[row].bool()
+                assert (~real).any() == (row == 0)
+                if same_length:
+                    assert int(real.sum()) == len(alone)
+                torch.testing.assert_close(together[row, real], alone, rtol=0, atol=tol)
+
+
 @pytest.fixture
 def model_folder(tmp_path, bpe):
     """model_folder(spec, name, tokenizer=True) -> a folder blockforge.load and export_run read, as a run's export."""
 
     def make(spec, name: str = "model", tokenizer: bool = True):
         model = blockforge.build_model(spec, seed=0)
-        with torch.no_grad():  # norm weights, layer scales and DyT alphas away from their init and biases away from 0:
-            for pname, p in model.named_parameters():  # a tensor left behind shows in the logits
-                if pname.endswith(".alpha"):
-                    p.uniform_(0.3, 1.0)
-                elif pname.endswith(("norm.weight", "layer_scale")):
-                    p.uniform_(0.5, 1.5)
-                elif pname.endswith("bias"):
-                    p.normal_(0, 0.1)
+        perturb(model)
         folder = tmp_path / name
         folder.mkdir()
         save_weights(model, folder / "model.safetensors")

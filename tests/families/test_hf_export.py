@@ -18,6 +18,8 @@ from blockforge.families.conversion import ConversionError
 from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixLN
 
+from .conftest import assert_padding_changes_nothing
+
 
 TOL = 1e-5  # an export computes what blockforge.load computes
 VOCAB = 300  # the BPE of conftest.py
@@ -148,17 +150,7 @@ def test_padded_rows_give_the_logits_of_their_unpadded_selves(mix_ln_export):
     _, out = mix_ln_export
     model = loaded(out, trust_remote_code=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
-    texts = ["Section 3. The model", "Each layer norm weight is read"]
-    for side in ("left", "right"):
-        tokenizer.padding_side = side
-        batch = tokenizer(texts, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            together = model(**batch).logits
-            for row, text in enumerate(texts):
-                alone = model(**tokenizer(text, return_tensors="pt")).logits[0]
-                real = batch.attention_mask[row].bool()
-                assert int(real.sum()) == len(alone) and (~real).any() == (row == 0)
-                torch.testing.assert_close(together[row, real], alone, rtol=0, atol=TOL)
+    assert_padding_changes_nothing(model, tokenizer, ["Section 3. The model", "Each layer norm weight is read"], TOL, same_length=True)
 
 
 def test_the_kv_cache_gives_the_logits_of_the_whole_sequence(mix_ln_export):

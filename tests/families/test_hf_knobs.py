@@ -23,6 +23,8 @@ from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixL
 from blockforge.spec.serialize import save_spec
 from blockforge.train.checkpoint import save_weights
 
+from .conftest import assert_padding_changes_nothing, perturb
+
 TOL = 1e-5
 VOCAB = 300  # the BPE of conftest.py
 TEXTS = ["Section 3. The model", "Each layer norm weight is read"]
@@ -112,18 +114,6 @@ def exports(tmp_path_factory, bpe):
     return get
 
 
-def perturb(model):
-    """As conftest.model_folder does: every tensor away from its init, so one left behind shows in the logits."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".alpha"):
-                p.uniform_(0.3, 1.0)
-            elif name.endswith(("norm.weight", "layer_scale")):
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.1)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_knob_loads_and_computes_blockforges_logits_and_tokens(exports, case):
     src, out = exports(case)
@@ -159,16 +149,7 @@ def test_padded_batches_give_what_their_rows_give_alone(exports, case):
     _, out = exports(case)
     model = loaded(out, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
-    for side in ("left", "right"):
-        tokenizer.padding_side = side
-        batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            together = model(**batch).logits
-            for row, text in enumerate(TEXTS):
-                alone = model(**tokenizer(text, return_tensors="pt")).logits[0]
-                real = batch.attention_mask[row].bool()
-                assert (~real).any() == (row == 0)
-                torch.testing.assert_close(together[row, real], alone, rtol=0, atol=TOL)
+    assert_padding_changes_nothing(model, tokenizer, TEXTS, TOL)
     tokenizer.padding_side = "left"  # generation: the windows, the padding and the cache together
     batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
     together = model.generate(**batch, max_new_tokens=14, do_sample=False)[:, batch.input_ids.shape[1]:]
