@@ -61,7 +61,7 @@ def export_best(
 
             shutil.rmtree(run_dir)
         Trainer(recipe, run_dir, resume=resume, progress=progress).run()
-    note = f"retrained to the full {plan.steps} steps" if (retrain or not full) else f"trained {plan.steps} steps in the search"
+    note = f"retrained to the full {plan.steps[name]} steps" if (retrain or not full) else f"trained {plan.steps[name]} steps in the search"
     replicates = candidate_table(plan, evidence) if evidence.candidates else "(no replicate reached the full budget)"
     mine = [r for r in records if r.cell == name]
     trials = markdown_table(

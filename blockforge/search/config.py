@@ -21,7 +21,7 @@ from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
 from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile
-from blockforge.spec.strict import parse, to_plain
+from blockforge.spec.strict import canonical, parse, stable_hash, to_plain
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
 DISCRETE = ("int", "choice", "grid", "layers")
@@ -171,11 +171,10 @@ def trial_identity(recipe: Recipe, *, with_seed: bool = True) -> str:
     with_seed=False names the *model* the trial replicates: the same identity for every training seed.
     """
 
-    train = to_plain(recipe.train)
+    train = canonical(recipe.train)
     if not with_seed:
         train.pop("seed")
-    plain = {"arch": recipe.spec.arch_hash(), "train": train, "data": to_plain(recipe.data)}
-    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return stable_hash({"arch": recipe.spec.arch_hash(), "train": train, "data": canonical(recipe.data)}, length=12)
 
 
 @dataclass
@@ -197,12 +196,13 @@ class SearchPlan:
     sampler: Sampler
     resources: Resources
     max_concurrent: int | None
-    steps: int
-    eval_every: int
+    steps: dict[str, int]  # per cell, a full trial's train.steps (cells may differ)
+    eval_every: dict[str, int]  # per cell
     confirm: Confirm | None
     base_seeds: dict[str, int]  # per cell, its train.seed: exploration trains with it, confirmation adds seed + 1, ...
     depths: dict[str, int]  # per cell
     workdir: str  # the driver's working directory: relative data paths name files there, as for `blockforge train`
+    inputs_hash: str  # see fingerprint()
 
     def cell_names(self) -> list[str]:
         return [cell_name(c) for c in self.cells]
@@ -251,8 +251,9 @@ class SearchPlan:
         return recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
 
     def fingerprint(self) -> str:
-        plain = {k: v for k, v in self.__dict__.items() if k not in ("file", "max_concurrent", "workdir")}
-        return hashlib.sha256(json.dumps(to_plain(plain), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """What the search was started with: the search file's data, its base recipe's and the --set overrides
+        (inputs, not this plan's layout, so a newer blockforge still recognises an unchanged file)."""
+        return self.inputs_hash
 
 
 def anchor_data_paths(data: dict, workdir: str) -> dict:
@@ -372,7 +373,8 @@ def _check_baseline(baseline: dict, dimensions: list[Dimension], where: str, che
 
 
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str) -> SearchPlan:
-    spec = parse(SearchFile, read_yaml(path))
+    raw = read_yaml(path)
+    spec = parse(SearchFile, raw)
 
     def fail(message: str, where: str) -> SpecError:
         return SpecError(message, path=where, file=str(path))
@@ -424,9 +426,9 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
     probes = [{}] + spec.baselines
-    steps = eval_every = warmup = None
-    depths, seeds = {}, {}
+    depths, seeds, steps, eval_every, warmup = {}, {}, {}, {}, {}
     for cell in cells:
+        name = cell_name(cell)
         for probe in probes:
             try:
                 recipe = recipe_from_data(anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), workdir),
@@ -434,29 +436,30 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
                 if not probe:
                     _check_local_data(recipe)
             except SpecError as err:
-                where = f"cell {cell_name(cell)}" + (f" with baseline {probe}" if probe else "")
+                where = f"cell {name}" + (f" with baseline {probe}" if probe else "")
                 raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
-            steps, eval_every, warmup = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
             if not probe:
-                depths[cell_name(cell)] = recipe.model.depth
-                seeds[cell_name(cell)] = recipe.train.seed
+                depths[name], seeds[name] = recipe.model.depth, recipe.train.seed
+                steps[name], eval_every[name], warmup[name] = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
                 reported = (*get_family(recipe.model.family).metrics, "train_loss")
                 if spec.objective.metric not in reported:
                     raise fail(f"'{spec.objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
                                "objective.metric")
 
     asha = spec.scheduler.asha if spec.scheduler is not None else None
-    if asha is not None and asha.grace_steps > steps:
-        raise fail(f"grace_steps {asha.grace_steps} is more than the {steps} steps of a trial", "scheduler.asha.grace_steps")
-    if asha is not None and asha.grace_steps <= warmup:
-        raise fail(
-            f"grace_steps {asha.grace_steps} ends inside the {warmup}-step learning-rate warmup, where losses do not rank "
-            f"trials yet; set it above {warmup}", "scheduler.asha.grace_steps",
-        )
-    if asha is not None and (eval_every == 0 or eval_every > asha.grace_steps):
+    for name in steps if asha is not None else ():
+        where = f" (cell {name})" if len(steps) > 1 else ""
+        if asha.grace_steps > steps[name]:
+            raise fail(f"grace_steps {asha.grace_steps} is more than the {steps[name]} steps of a trial{where}", "scheduler.asha.grace_steps")
+        if asha.grace_steps <= warmup[name]:
+            raise fail(
+                f"grace_steps {asha.grace_steps} ends inside the {warmup[name]}-step learning-rate warmup{where}, where losses do not rank "
+                f"trials yet; set it above {warmup[name]}", "scheduler.asha.grace_steps",
+            )
+    if asha is not None and any(every == 0 or every > asha.grace_steps for every in eval_every.values()):
         # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
-        eval_every = asha.grace_steps
-        fixed.append(("train.eval_every", eval_every))
+        eval_every = dict.fromkeys(eval_every, asha.grace_steps)
+        fixed.append(("train.eval_every", asha.grace_steps))
     mode = spec.objective.mode
     penalty = spec.divergence.penalty
     if penalty is None:
@@ -466,4 +469,5 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=spec.objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
+        inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
     )

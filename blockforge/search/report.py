@@ -246,6 +246,14 @@ def _interval(span: tuple[float, float] | None) -> str:
     return "-" if span is None else (f"{span[0]:.4g}" if span[0] == span[1] else f"{span[0]:.4g}-{span[1]:.4g}")
 
 
+def budget_text(plan: SearchPlan) -> str:
+    """'150 steps', or each cell's steps when cells differ."""
+    budgets = set(plan.steps.values())
+    if len(budgets) == 1:
+        return f"{budgets.pop()} steps"
+    return "per cell " + ", ".join(f"{cell}: {steps}" for cell, steps in plan.steps.items()) + " steps"
+
+
 def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     """Write every report file; returns the summary table and claims as text (what the CLI prints)."""
     records = ledger.records()
@@ -278,7 +286,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
     summary = f"""# Search {plan.name}
 
-Objective: {plan.mode} {plan.metric} after {plan.steps} steps; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
+Objective: {plan.mode} {plan.metric} after {budget_text(plan)}; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
 Intervals: {METHOD} over the training seeds two models share (candidates trained with one seed see the same data order and start from the same weights).
 
 {markdown_table(headers, rows)}

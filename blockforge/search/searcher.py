@@ -118,7 +118,7 @@ class CellSearcher(Searcher):
             status, value = Status.FAILED, None
         elif result.get("diverged"):
             status, value = Status.DIVERGED, self.plan.penalty
-        elif result.get("step", 0) < self.plan.steps:
+        elif result.get("step", 0) < info.get("steps", self.plan.steps[info["cell"]]):  # before its own budget (cells may differ)
             status, value = Status.PRUNED, None
         else:
             status, value = Status.COMPLETED, result.get(OBJECTIVE)
@@ -208,7 +208,7 @@ class CellSearcher(Searcher):
         recipe = self.plan.recipe(info["overrides"])
         spec = recipe.spec
         info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
-                    post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre())
+                    post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre(), steps=recipe.train.steps)
 
     def _adopt_orphan(self, info: dict) -> None:
         """A new trial of a model whose run a stopped driver lost (see _take_in_ledger) continues it under its number."""
@@ -364,14 +364,15 @@ class CellScheduler(FIFOScheduler):
 
     def __init__(self, plan: SearchPlan):
         super().__init__()
-        self.settings = dict(time_attr="step", metric=OBJECTIVE, mode=plan.mode, max_t=plan.steps,
-                             grace_period=plan.asha.grace_steps, reduction_factor=plan.asha.reduction_factor)
+        self.plan = plan
+        self.settings = dict(time_attr="step", metric=OBJECTIVE, mode=plan.mode, grace_period=plan.asha.grace_steps,
+                             reduction_factor=plan.asha.reduction_factor)
         self.by_cell: dict[str, AsyncHyperBandScheduler] = {}
 
     def _asha(self, trial) -> AsyncHyperBandScheduler:
         cell = trial.config["cell"]
         if cell not in self.by_cell:
-            self.by_cell[cell] = AsyncHyperBandScheduler(**self.settings)
+            self.by_cell[cell] = AsyncHyperBandScheduler(max_t=self.plan.steps[cell], **self.settings)
         return self.by_cell[cell]
 
     def set_search_properties(self, metric, mode, **spec) -> bool:

@@ -14,6 +14,8 @@ SOURCES = {"text": TEXT_SOURCES, "image": IMAGE_SOURCES}  # by a family's data_k
 
 @dataclass(kw_only=True)
 class TokenizerConfig:
+    hash_baseline = frozenset({"bpe", "hf"})  # fields always in a trial's identity (strict.canonical)
+
     bpe: int | None = None  # train a byte-level BPE of this vocabulary size on the training split
     hf: str | None = None  # a Hugging Face tokenizer name or local path (must be available offline)
 
@@ -26,6 +28,10 @@ class TokenizerConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    # Fields always in a trial's identity; one added later enters only when set away from its default (strict.canonical).
+    hash_baseline = frozenset({"source", "path", "dataset", "name", "split", "val_split", "text_field", "streaming", "tokenizer",
+                               "val_fraction", "pack", "bpe_train_chars", "num_workers"})
+
     source: str = choice(*TEXT_SOURCES, *IMAGE_SOURCES, default="builtin")
     path: str | list[str] | None = None  # text: files or globs; fashion-mnist / image-folder: a folder
     dataset: str | None = None  # hf: e.g. allenai/c4

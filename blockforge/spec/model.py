@@ -8,15 +8,13 @@ architecture.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
 from blockforge.spec.placements import PLACEMENTS
-from blockforge.spec.strict import UNSET, choice, to_plain
+from blockforge.spec.strict import UNSET, canonical, choice, stable_hash
 
 SPEC_FORMAT = 2  # 2: per-layer kv_heads, head_dim, window, norm, qk/v norm, layer scale, sub-layer placements, biases
 MAX_DEPTH = 4096  # a guard against typos that would resolve billions of layers
@@ -284,6 +282,11 @@ class RopeScaling:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerSpec:
+    # The fields whose values always enter the architecture hash; a field added later enters only when it is
+    # set away from its default (strict.canonical), so it renames no existing architecture.
+    hash_baseline = frozenset({"index", "placement", "heads", "ffn", "kv_heads", "head_dim", "mlp_placement", "window", "norm", "qk_norm",
+                               "v_norm", "layer_scale", "init_scale", "lr_mult"})
+
     index: int
     placement: str  # the attention sub-layer's (and the MLP's, unless mlp_placement says otherwise)
     heads: int
@@ -314,6 +317,11 @@ class LayerSpec:
 @dataclass(frozen=True, kw_only=True)
 class ResolvedSpec:
     """Everything a model is built from; `layers[i]` describes block i."""
+
+    hash_baseline = frozenset({"family", "width", "norm", "norm_eps", "final_norm", "tie_embeddings", "rope_theta", "init_std", "embed_init_std",
+                               "qkv_bias", "proj_bias", "mlp_bias", "dyt_alpha", "rope_scaling", "parametrization", "base_depth", "depth_alpha",
+                               "vocab", "context", "image_size", "patch_size", "channels", "classes", "layers"})
+    hash_excluded = frozenset({"format", "attention"})  # how the file was written, which kernel computes it: not what it computes
 
     format: int = SPEC_FORMAT
     family: str
@@ -363,16 +371,21 @@ class ResolvedSpec:
                 path="format",
             )
 
+    def left_out(self, layer: LayerSpec) -> dict:
+        """The per-layer fields a file may leave out, each with the value it then takes (derived from the layer
+        and the model): what spec.yaml omits, and what the layer table shows only when some layer differs."""
+        head_dim = self.width // layer.heads if layer.heads and self.width % layer.heads == 0 else None
+        return {"kv_heads": layer.heads, "head_dim": head_dim, "norm": self.norm, "mlp_placement": None, "window": None,
+                "qk_norm": False, "v_norm": False, "layer_scale": None}
+
     def layer_table(self) -> tuple[list[str], list[list]]:
         """Headers and one row per layer: placement, heads, head_dim, ffn, init_scale, lr_mult, and every other
         per-layer field that some layer sets away from its default (kv_heads, window, norm, ...)."""
         headers = ["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult"]
         rows = [[layer.index, layer.placement_name, layer.heads, layer.head_dim, layer.ffn, f"{layer.init_scale:g}", f"{layer.lr_mult:g}"]
                 for layer in self.layers]
-        defaults = {"kv_heads": lambda layer: layer.heads, "window": lambda layer: None, "norm": lambda layer: self.norm,
-                    "qk_norm": lambda layer: False, "v_norm": lambda layer: False, "layer_scale": lambda layer: None}
-        for key, default in defaults.items():
-            if any(getattr(layer, key) != default(layer) for layer in self.layers):
+        for key in ("kv_heads", "window", "norm", "qk_norm", "v_norm", "layer_scale"):
+            if any(getattr(layer, key) != self.left_out(layer)[key] for layer in self.layers):
                 headers.append(key)
                 for row, layer in zip(rows, self.layers):
                     value = getattr(layer, key)
@@ -407,9 +420,18 @@ class ResolvedSpec:
         """Every sub-layer Pre-LN: the reference a search's verdicts compare with."""
         return all(layer.placements == ("pre", "pre") for layer in self.layers)
 
+    def canonical(self) -> dict:
+        """What decides the function this spec computes and how it trains, as plain data (see strict.canonical):
+        no file format, no attention kernel, and no setting the spec ignores (CompleteP's base depth and
+        exponent under the standard parametrization, DyT's initial alpha without DyT norms)."""
+        plain = canonical(self)
+        if self.parametrization == "standard":
+            plain.pop("base_depth", None)
+            plain.pop("depth_alpha", None)
+        if "dyt" not in {self.norm, *(layer.norm for layer in self.layers)}:
+            plain.pop("dyt_alpha", None)
+        return plain
+
     def arch_hash(self) -> str:
-        """A stable name for the function this spec computes (the attention backend does not change it)."""
-        plain = to_plain(self)
-        plain.pop("attention")
-        text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """A stable name for the function this spec computes: a hash of `canonical()`, pinned for shipped recipes in tests."""
+        return stable_hash(self.canonical())

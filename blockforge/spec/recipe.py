@@ -137,9 +137,24 @@ def _unwrap(tp: Any) -> list[Any]:
     return [tp]
 
 
+_KEY_PIECE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|-?\d+)((?:\[-?\d+\])*)")
+
+
 def key_parts(key: str) -> list[str]:
-    """'model.layers.overrides[0].window' (or '...overrides.0.window') -> ['model', 'layers', 'overrides', '0', 'window']."""
-    return [part for part in re.split(r"[.\[\]]+", key) if part != ""]
+    """'model.layers.overrides[0].window' (or '...overrides.0.window') -> ['model', 'layers', 'overrides', '0', 'window'].
+
+    Every part must be a name or an index: 'model..width' and 'model.width.' are refused, not read as model.width.
+    """
+    parts = []
+    for piece in key.split("."):
+        match = _KEY_PIECE.fullmatch(piece)
+        if match is None:
+            what = "an empty part" if piece == "" else f"a part {piece!r} that is neither a name nor an index"
+            raise SpecError(f"is not a dotted key: it has {what}; write names and list indices joined by single dots, "
+                            "e.g. model.layers.mix_ln.alpha or model.layers.overrides[0].window", path=key, file="--set")
+        parts.append(match.group(1))
+        parts += re.findall(r"-?\d+", match.group(2))
+    return parts
 
 
 def check_dotted_key(root: type, key: str) -> None:

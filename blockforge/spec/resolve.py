@@ -20,7 +20,13 @@ def mix_ln_count(alpha: float, depth: int) -> int:
 
 
 def select_layers(at: int | str | list[int], depth: int, path: str) -> list[int]:
-    """The 0-based layer indices an `at:` value names; negative indices count from the end."""
+    """The 0-based layer indices an `at:` value names; negative indices count from the end.
+
+    A selection that says something odd is refused rather than read one way: '-0' (layer 0, though it looks
+    like the last), and a list naming one layer twice (0 and 0, or 0 and -depth).
+    """
+    if isinstance(at, str) and re.search(r"-0+(?!\d)", at):
+        raise SpecError(f"'{at}' holds -0, which means layer 0 (the first), not the last; write 0, or -1 for the last layer", path=path)
     if isinstance(at, str) and _SLICE.match(at):
         start, stop, step = (int(g) if g else None for g in _SLICE.match(at).groups())
         if step == 0:
@@ -41,6 +47,10 @@ def select_layers(at: int | str | list[int], depth: int, path: str) -> list[int]
     for i, index in enumerate(at):
         if not -depth <= index < depth:
             raise SpecError(f"index {index} is out of range for a {depth}-layer model (use 0..{depth - 1}, or negative from the end)", path=f"{path}[{i}]")
+        if index % depth in chosen:
+            first = at[chosen.index(index % depth)]
+            both = f" (as {first} and {index})" if first != index else ""
+            raise SpecError(f"names layer {index % depth} twice{both}; list each layer once", path=f"{path}[{i}]")
         chosen.append(index % depth)
     return chosen
 

@@ -15,17 +15,13 @@ from blockforge.spec.recipe import read_yaml
 from blockforge.spec.strict import parse, to_plain
 
 
-def _layer_fields(spec: ResolvedSpec, layer: dict) -> dict:
-    """A layer's fields without those at the value they take when left out (see ResolvedSpec.__post_init__)."""
-    derived = {"kv_heads": layer["heads"], "head_dim": spec.width // layer["heads"] if spec.width % layer["heads"] == 0 else None,
-               "norm": spec.norm, "mlp_placement": None, "window": None, "qk_norm": False, "v_norm": False, "layer_scale": None}
-    return {key: value for key, value in layer.items() if key not in derived or value != derived[key]}
-
-
 def spec_to_yaml(spec: ResolvedSpec) -> str:
     plain = {key: value for key, value in to_plain(spec).items() if value is not None}  # drop the other family's fields
-    # One flow-style line per layer keeps a 32-layer spec readable.
-    layers = [_layer_fields(spec, layer) for layer in plain.pop("layers")]
+    # One flow-style line per layer keeps a 32-layer spec readable; fields at the value they take when left out are left out.
+    layers = []
+    for layer, fields in zip(spec.layers, plain.pop("layers")):
+        derived = spec.left_out(layer)
+        layers.append({key: value for key, value in fields.items() if key not in derived or value != derived[key]})
     text = yaml.safe_dump(plain, sort_keys=False)
     text += "layers:\n" + "".join("- " + yaml.safe_dump(layer, default_flow_style=True, sort_keys=False, width=2**20) for layer in layers)
     return text

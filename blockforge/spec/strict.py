@@ -176,3 +176,46 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def _default_of(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def canonical(obj: Any) -> Any:
+    """The plain data that names what `obj` holds, stable across versions of blockforge.
+
+    A dataclass may declare `hash_baseline` (the fields it had when its hashes were first pinned) and
+    `hash_excluded` (fields that never say what it computes, such as a file-format number). A field added
+    after the baseline enters only when it is set away from its default, so adding a field whose default
+    keeps the old behaviour changes no existing name. Hashes built on this are pinned in tests.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        baseline = getattr(type(obj), "hash_baseline", None)
+        excluded = getattr(type(obj), "hash_excluded", frozenset())
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name in excluded or value is UNSET:
+                continue
+            if baseline is not None and f.name not in baseline and value == _default_of(f):
+                continue
+            out[f.name] = canonical(value)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: canonical(v) for k, v in obj.items()}
+    return obj
+
+
+def stable_hash(data: Any, length: int = 16) -> str:
+    """A hex digest of plain data (keys sorted), the same in every process and on every machine."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:length]

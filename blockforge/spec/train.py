@@ -13,11 +13,19 @@ class DivergenceConfig:
     """When a run counts as diverged: a non-finite loss at any step, or, after warmup, a loss above
     `max_loss` (default: twice the loss of the first step, i.e. far worse than the untrained model)."""
 
+    hash_baseline = frozenset({"max_loss"})  # fields always in a trial's identity (strict.canonical)
+
     max_loss: float | None = None
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
+    # Fields always in a trial's identity; one added later enters only when set away from its default (strict.canonical).
+    hash_baseline = frozenset({"steps", "batch_size", "micro_batch_size", "lr", "warmup", "schedule", "min_lr_ratio", "optimizer",
+                               "weight_decay", "betas", "eps", "grad_clip", "seed", "eval_every", "eval_batches", "log_every",
+                               "grad_norm_every", "checkpoint_every", "device", "precision", "parallel", "compile",
+                               "activation_checkpointing", "tensorboard", "divergence"})
+
     steps: int = 1000
     batch_size: int = 32  # sequences (or images) per optimizer step
     micro_batch_size: int | None = None  # per forward pass; gradients are accumulated to batch_size

@@ -50,3 +50,25 @@ def ray_session(tmp_path_factory):
              runtime_env={"env_vars": {"BLOCKFORGE_CACHE": os.environ["BLOCKFORGE_CACHE"]}})
     yield ray
     ray.shutdown()
+
+
+def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_prefix: str = "t") -> list[dict]:
+    """Run a CellSearcher the way Tune does, without Ray or training: every trial it hands out finishes at once
+    at its cell's full budget with `value_of(config)`. Returns the configs of the trials it handed out."""
+    from ray.tune.search import Searcher
+
+    from blockforge.search.config import OBJECTIVE
+
+    handed = []
+    for i in range(limit):
+        trial_id = f"{trial_prefix}{i}"
+        config = searcher.suggest(trial_id)
+        if config == Searcher.FINISHED:
+            break
+        if config is None:
+            continue
+        handed.append(config)
+        steps = searcher.live[trial_id]["steps"]
+        value = value_of(config)
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value, "val_loss": value, "step": steps})
+    return handed

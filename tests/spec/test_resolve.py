@@ -1,6 +1,7 @@
 """Resolution of the authoring form: Mix-LN counts, overrides in order, slices, YAML round trip, hashing."""
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -49,9 +50,16 @@ def test_overrides_apply_in_order_last_wins():
     assert layers[5].ffn == 128
 
 
-@pytest.mark.parametrize("at,expected", [("0:3", [0, 1, 2]), ("-2:", [10, 11]), ("::5", [0, 5, 10]), ("7", [7]), (-1, [11]), ([0, -12], [0, 0])])
+@pytest.mark.parametrize("at,expected", [("0:3", [0, 1, 2]), ("-2:", [10, 11]), ("::5", [0, 5, 10]), ("7", [7]), (-1, [11]), ([0, -1], [0, 11])])
 def test_select_layers(at, expected):
     assert select_layers(at, 12, "x") == expected
+
+
+@pytest.mark.parametrize("at,says", [("-0", "holds -0, which means layer 0"), ("-0:", "holds -0"), ([0, 0], "names layer 0 twice"),
+                                     ([0, -12], "names layer 0 twice (as 0 and -12)")])
+def test_odd_layer_selections_are_refused_not_read_one_way(at, says):
+    with pytest.raises(SpecError, match=re.escape(says)):
+        select_layers(at, 12, "model.layers.overrides[0].at")
 
 
 @pytest.mark.parametrize("at", ["20:", "5:2", [12], [-13], [], "first", "1:2:0"])
@@ -104,3 +112,74 @@ def test_newer_spec_format_is_refused():
     data["format"] = 99
     with pytest.raises(SpecError, match="newer"):
         spec_from_yaml(data, file="spec.yaml")
+
+
+# ---- the architecture hash names what a spec computes, and is stable across versions ------------------
+
+PINNED = {  # a change to one of these renames every trial of every search folder: make it a decision, not an accident
+    "recipes/llama-tiny-mix.yaml": "2f29adc8f3fb937b",
+    "recipes/vit-digits-pre.yaml": "c9b2f96bcba7c58a",
+    "recipes/llama-130m-openelm.yaml": "2708b3c72091c59e",
+    "recipes/llama-7b-mix-0.0625.yaml": "53c48efd4c721e42",
+}
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("recipe", sorted(PINNED))
+def test_shipped_recipes_keep_their_pinned_hashes(recipe):
+    from blockforge.spec import load_recipe
+
+    assert load_recipe(ROOT / recipe).spec.arch_hash() == PINNED[recipe]
+
+
+def test_a_trial_identity_is_pinned_too():
+    from blockforge.search.config import trial_identity
+    from blockforge.spec import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/llama-tiny-mix.yaml")
+    assert (trial_identity(recipe), trial_identity(recipe, with_seed=False)) == ("d2789d67420d", "7528d2226f61")
+
+
+def test_a_format_bump_or_a_new_defaulted_field_renames_nothing():
+    from blockforge.spec.model import SPEC_FORMAT, LayerSpec, ResolvedSpec
+
+    resolved = resolve(spec(layers=LayerRules(mix_ln=MixLN(alpha=0.25))))
+    assert dataclasses.replace(resolved, format=SPEC_FORMAT + 1).arch_hash() == resolved.arch_hash()
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class NewerLayer(LayerSpec):
+        attn_logit_softcap: float | None = None
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class NewerSpec(ResolvedSpec):
+        embed_scale: float = 1.0
+
+    def newer(layer_cap=None, embed_scale=1.0):
+        layers = tuple(NewerLayer(**{f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)}, attn_logit_softcap=layer_cap)
+                       for layer in resolved.layers)
+        plain = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved) if f.name != "layers"}
+        return NewerSpec(**plain, layers=layers, embed_scale=embed_scale)
+
+    assert newer().arch_hash() == resolved.arch_hash()
+    assert newer(layer_cap=50.0).arch_hash() != resolved.arch_hash()
+    assert newer(embed_scale=8.0).arch_hash() != resolved.arch_hash()
+
+
+def test_settings_a_spec_ignores_do_not_rename_it():
+    standard = resolve(spec())
+    assert resolve(spec(base_depth=4, depth_alpha=0.5)).arch_hash() == standard.arch_hash()
+    assert resolve(spec(dyt_alpha=0.9)).arch_hash() == standard.arch_hash()  # no DyT norm anywhere
+    completep = resolve(spec(parametrization="completep", base_depth=4))
+    assert completep.arch_hash() != standard.arch_hash()
+    assert resolve(spec(parametrization="completep", base_depth=4, depth_alpha=0.5)).arch_hash() != completep.arch_hash()
+    assert resolve(spec(norm="dyt", dyt_alpha=0.9)).arch_hash() != resolve(spec(norm="dyt")).arch_hash()
+
+
+def test_a_spec_file_that_leaves_defaults_out_has_the_hash_of_one_that_spells_them():
+    resolved = resolve(spec(layers=LayerRules(overrides=[LayerOverride(at=1, heads=2)])))
+    written = yaml.safe_load(spec_to_yaml(resolved))
+    spelled = dict(written, layers=[{"kv_heads": layer.kv_heads, "head_dim": layer.head_dim, "norm": layer.norm, "window": None, "qk_norm": False,
+                                     "v_norm": False, "layer_scale": None, **row} for layer, row in zip(resolved.layers, written["layers"])])
+    old = dict(written, format=1)  # a format-1 file: the newer per-layer fields left out
+    for data in (written, spelled, old):
+        assert spec_from_yaml(data).arch_hash() == resolved.arch_hash()

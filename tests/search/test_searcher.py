@@ -1,0 +1,45 @@
+"""The searcher alone (no Ray, no training): budgets per cell and trial identities across versions."""
+
+import dataclasses
+
+from blockforge.search.config import load_search
+from blockforge.search.ledger import Ledger
+from blockforge.search.searcher import CellSearcher
+
+from .conftest import drive, write_search
+
+
+def test_cells_with_different_step_budgets_record_their_finished_trials_as_completed(tmp_path):
+    plan = load_search(write_search(tmp_path, cells={"train.steps": [20, 30]}, trials_per_cell=3))
+    assert plan.steps == {"steps=20": 20, "steps=30": 30}
+    drive(CellSearcher(plan, str(tmp_path / "search")))
+    records = Ledger(tmp_path / "search" / "trials.jsonl").records()
+    trained = [r for r in records if r.status not in ("duplicate", "failed")]
+    assert {r.cell for r in trained} == {"steps=20", "steps=30"}
+    assert all(r.status == "completed" for r in trained), [(r.cell, r.status, r.steps) for r in trained]
+    assert {r.steps for r in trained if r.cell == "steps=20"} == {20}
+
+
+def test_a_search_resumed_after_a_spec_format_bump_still_deduplicates(tmp_path, monkeypatch):
+    import blockforge.spec.recipe as recipe_module
+    from blockforge.spec.model import SPEC_FORMAT
+
+    # Two learning rates, both explored; then confirmation trains the better one with one more seed.
+    search = write_search(tmp_path, cells={"model.depth": [4]}, space={"train.lr": {"choice": [1e-3, 2e-3]}}, baselines=[],
+                          trials_per_cell=2, confirm={"top": 1, "seeds": 1})
+    plan = load_search(search)
+    first = CellSearcher(plan, str(tmp_path / "search"))
+    assert len(drive(first, lambda config: 5.0 if "0.001" in str(config) else 6.0, limit=2)) == 2
+    state = tmp_path / "searcher.pkl"
+    first.save(str(state))  # the driver stops here, exploration done, confirmation not yet started
+
+    # A newer blockforge writes its resolved specs in another format: the same models must keep their names, so
+    # confirmation reuses the winner's explored run as its first seed instead of training it again.
+    real = recipe_module.resolve
+    monkeypatch.setattr(recipe_module, "resolve", lambda model: dataclasses.replace(real(model), format=SPEC_FORMAT + 1))
+    resumed = CellSearcher(load_search(search), str(tmp_path / "search"))
+    resumed.restore(str(state))
+    handed = drive(resumed, trial_prefix="r")
+    assert [(c["stage"], dict(c["overrides"])["train.seed"]) for c in handed] == [("confirm", 1)]
+    records = Ledger(tmp_path / "search" / "trials.jsonl").records()
+    assert sorted((r.overrides["train.lr"], r.seed) for r in records if r.status == "completed") == [(1e-3, 0), (1e-3, 1), (2e-3, 0)]
