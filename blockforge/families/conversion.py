@@ -91,6 +91,14 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-def probe_tokens(vocab: int, context: int) -> torch.Tensor:
-    """The fixed random token ids a converted language model is checked on against its source."""
-    return torch.randint(0, vocab, (2, min(16, context)), generator=torch.Generator().manual_seed(0))
+PROBE_LENGTH = 16  # tokens a check runs at least
+WINDOW_MARGIN = 16  # ...and past the longest sliding window by this many, so a window in the wrong layer shows
+
+
+def probe_tokens(spec) -> torch.Tensor:
+    """The fixed random token ids a converted language model is checked on against its source: 16 tokens, or
+    more than its longest sliding window (up to its context), where a window's place and size change the logits."""
+    windows = [layer.window for layer in spec.layers if layer.window is not None]
+    length = min(spec.context, max(PROBE_LENGTH, max(windows, default=0) + WINDOW_MARGIN))
+    rows = 2 if length <= 256 else 1  # long probes of large models: one row is enough to see a window
+    return torch.randint(0, spec.vocab, (rows, length), generator=torch.Generator().manual_seed(0))

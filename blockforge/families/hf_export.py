@@ -145,7 +145,7 @@ def remote_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
     source.finish()
     hf_model.generation_config.update(**ids.config())
     hf_model.eval()
-    tokens = probe_tokens(model.spec.vocab, model.spec.context)
+    tokens = probe_tokens(model.spec)
     with torch.no_grad():
         check_same_outputs(hf_model(tokens).logits, model(tokens), "the transformers export", TOLERANCE, cause=CAUSE)
     return hf_model
@@ -252,7 +252,7 @@ def verify(stage: Path, model: nn.Module, model_class, ids: TokenIds) -> None:
     problems = {key: sorted(value)[:3] for key, value in info.items() if value}
     if problems:
         raise ConversionError(f"the written transformers folder does not load cleanly ({problems}); refused")
-    tokens = probe_tokens(model.spec.vocab, model.spec.context)
+    tokens = probe_tokens(model.spec)
     with torch.no_grad():
         check_same_outputs(loaded.eval()(tokens).logits, model(tokens), "the written transformers folder", TOLERANCE, cause=CAUSE)
     tokenizer = AutoTokenizer.from_pretrained(stage, config=loaded.config)  # the config given: no remote-code question

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from blockforge.errors import warn
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating, probe_tokens
 from blockforge.nn.build import build_model, copy_weight
 from blockforge.nn.attention import rope_frequencies
@@ -42,25 +43,28 @@ def _rope_of(config) -> dict:
     return {"rope_type": rope.get("rope_type", rope.get("type", "default")), "rope_theta": rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)), **rope}
 
 
-def _layer_windows(config) -> list[int | None]:
-    """Each layer's sliding window (None: global), from Mistral's one window or Qwen2/Gemma-style layer_types."""
-    depth, window = config.num_hidden_layers, getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        return [window if kind == "sliding_attention" else None for kind in types]
-    if config.model_type == "mistral" and window is not None and window < config.max_position_embeddings:
-        return [window] * depth
-    return [None] * depth
+def _layer_windows(hf_model: nn.Module) -> list[int | None]:
+    """Each layer's sliding window (None: global) as the source's code applies it, not as a config field claims:
+    Llama attends globally; Mistral windows every layer with `sliding_window` (its code ignores `layer_types`);
+    Qwen2's attention modules carry their own window. A window as long as the context excludes nothing."""
+    config = hf_model.config
+    layers = hf_model.model.layers
+    if config.model_type == "mistral":
+        windows = [getattr(config, "sliding_window", None)] * len(layers)
+    elif config.model_type == "qwen2":
+        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in layers]
+    else:
+        windows = [None] * len(layers)
+    return [window if window is not None and window < config.max_position_embeddings else None for window in windows]
 
 
-def _spec_from_config(config, what: str) -> ModelSpec:
-    """The ModelSpec of a Llama-style Hugging Face config, or a ConversionError naming what blockforge cannot hold."""
-    if getattr(config, "model_type", None) not in CONVERTED_TYPES:
-        raise ConversionError(f"{what} has model_type '{getattr(config, 'model_type', None)}'; from_hf_llama converts {', '.join(CONVERTED_TYPES)}")
+def _spec_from_config(config, what: str, windows: list[int | None]) -> ModelSpec:
+    """The ModelSpec of a Llama-style Hugging Face config with the layers' `windows`, or a ConversionError naming
+    what blockforge cannot hold."""
     heads = config.num_attention_heads
     rope = _rope_of(config)
-    windows = _layer_windows(config)
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    # Only Qwen2's code reads layer_types; Mistral's ignores them.
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"]) if config.model_type == "qwen2" else {"full_attention"}
     refusals = {
         f"rope type '{rope['rope_type']}' (blockforge models {', '.join(ROPE_TYPES)})": rope["rope_type"] not in ROPE_TYPES,
         f"activation '{config.hidden_act}'": config.hidden_act != "silu",
@@ -88,13 +92,34 @@ def _spec_from_config(config, what: str) -> ModelSpec:
     )
 
 
-def _check_rotary_buffers(source: TensorSource, spec: ResolvedSpec, what: str) -> None:
-    """The source's rotary frequencies must be the ones blockforge computes (no other scaling hidden in them)."""
-    head_dim = spec.layers[0].head_dim
-    expected = rope_frequencies(head_dim, spec.rope_theta, spec.rope_scaling)
+def _check_rotary_buffers(source: TensorSource, frequencies: torch.Tensor, what: str) -> None:
+    """The source's rotary frequencies must be the ones blockforge computes (no other scaling hidden in them),
+    as its buffers' dtype holds them (a model cast to float16 holds them rounded)."""
     for name, tensor in source.tensors.items():
-        if name.endswith("inv_freq") and not torch.allclose(tensor.float().cpu(), expected, rtol=1e-5):
+        if name.endswith("inv_freq") and not torch.allclose(tensor.float().cpu(), frequencies.to(tensor.dtype).float(), rtol=1e-5):
             raise ConversionError(f"{what}'s rotary frequencies ({name}) are not those of its rope settings; blockforge does not model that")
+
+
+def _float32_reference(hf_model: nn.Module, frequencies: torch.Tensor) -> nn.Module:
+    """The source as the float32 model the conversion holds (the source itself when it is float32): weights cast
+    exactly, rotary frequencies set to their float32 values, which a half-precision buffer holds rounded."""
+    if all(t.dtype == torch.float32 for t in (*hf_model.parameters(), *hf_model.buffers()) if t.is_floating_point()):
+        return hf_model
+    import copy
+
+    reference = copy.deepcopy(hf_model).float()
+    with torch.no_grad():
+        for name, buffer in reference.named_buffers():
+            if name.endswith("inv_freq"):
+                buffer.copy_(frequencies)
+    return reference
+
+
+def _say_precision(hf_model: nn.Module, what: str) -> None:
+    narrow = sorted({str(p.dtype).removeprefix("torch.") for p in hf_model.parameters()} - {"float32"})
+    if narrow:
+        warn(f"{what} holds {' and '.join(narrow)} weights; converted to float32 (every value kept exactly) and checked against "
+             "a float32 copy of it")
 
 
 def from_hf_llama(hf_model: nn.Module) -> nn.Module:
@@ -104,10 +129,15 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     beside the source on a random input and refused unless the logits agree within 1e-4.
     """
     what = f"this {type(hf_model).__name__}"
-    spec = resolve(_spec_from_config(hf_model.config, what))
+    if getattr(hf_model.config, "model_type", None) not in CONVERTED_TYPES:
+        raise ConversionError(f"{what} has model_type '{getattr(hf_model.config, 'model_type', None)}'; "
+                              f"from_hf_llama converts {', '.join(CONVERTED_TYPES)}")
+    spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model)))
     model = build_model(spec)
     source = TensorSource(hf_model, what, ignore=lambda name: name.endswith("inv_freq"))
-    _check_rotary_buffers(source, spec, what)
+    frequencies = rope_frequencies(spec.layers[0].head_dim, spec.rope_theta, spec.rope_scaling)
+    _check_rotary_buffers(source, frequencies, what)
+    _say_precision(hf_model, what)
     source.copy_into(model.embed.weight, "model.embed_tokens.weight")
     for i, (block, layer) in enumerate(zip(model.layers, spec.layers)):
         prefix = f"model.layers.{i}."
@@ -134,8 +164,8 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
     model.eval()
-    tokens = probe_tokens(spec.vocab, spec.context)
-    with torch.no_grad(), evaluating(_float32_copy(hf_model)) as reference:
+    tokens = probe_tokens(spec)
+    with torch.no_grad(), evaluating(_float32_reference(hf_model, frequencies.to(next(hf_model.parameters()).device))) as reference:
         check_same_outputs(model(tokens), reference(tokens.to(next(hf_model.parameters()).device)).logits.cpu(), what)
     return model
 
@@ -211,7 +241,7 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
     if not spec.tie_embeddings:
         copy_weight(hf_model.lm_head.weight, model.head.weight)
     hf_model.eval()
-    tokens = probe_tokens(spec.vocab, spec.context)
+    tokens = probe_tokens(spec)
     with torch.no_grad(), evaluating(_float32_copy(model)) as reference:
         check_same_outputs(hf_model(tokens).logits, reference(tokens), "to_hf_llama")
     return hf_model

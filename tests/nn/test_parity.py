@@ -131,6 +131,43 @@ def test_real_checkpoint_configs_convert_exactly(name):
         assert {layer.window for layer in ours.spec.layers} == {6}
 
 
+def test_a_mistral_with_layer_types_windows_every_layer_as_transformers_does():
+    """MistralForCausalLM ignores layer_types: every layer uses sliding_window. The conversion reads what the
+    model does, and its own check runs past the window (16 tokens would not see a window of 20)."""
+    from blockforge.families.conversion import probe_tokens
+
+    hf = _hf("mistral", hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             sliding_window=20, layer_types=["full_attention", "sliding_attention", "full_attention"], max_position_embeddings=128)
+    ours = from_hf_llama(hf)
+    assert [layer.window for layer in ours.spec.layers] == [20, 20, 20]
+    tokens = torch.randint(0, 97, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(tokens) - hf(tokens).logits).abs().max().item() <= TOL
+    assert probe_tokens(ours.spec).shape[1] > 20  # the check itself sees past the window
+
+
+def test_the_conversion_check_catches_a_window_in_the_wrong_layer(monkeypatch):
+    """Were the windows read from layer_types (as before), the check at 16 tokens passed; past the window it refuses."""
+    import blockforge.families.llama_hf as llama_hf
+    from blockforge.families.conversion import ConversionError
+
+    hf = _hf("mistral", hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             sliding_window=20, layer_types=["full_attention", "sliding_attention", "full_attention"], max_position_embeddings=128)
+    monkeypatch.setattr(llama_hf, "_layer_windows", lambda model: [None, 20, None])
+    with pytest.raises(ConversionError, match="differ from the original's"):
+        from_hf_llama(hf)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_source_converts_to_float32_and_says_so(dtype, capsys):
+    hf = _hf("llama", **LLAMA3)
+    ours = from_hf_llama(hf.to(dtype))
+    assert f"holds {str(dtype).removeprefix('torch.')} weights" in capsys.readouterr().err
+    for name, tensor in ours.state_dict().items():  # every value is the source's, exactly
+        assert tensor.dtype == torch.float32
+    assert torch.equal(ours.embed.weight, hf.model.embed_tokens.weight.float())
+
+
 def test_llama3_style_round_trip_and_generate():
     hf = _hf("llama", **LLAMA3)
     ours = from_hf_llama(hf)

@@ -171,6 +171,13 @@ RECIPES = [
      "s.yaml: name: line 3: 'name' is given twice"),
     ("search file's recipe with a base-60 value", lambda c: c.write("r.yaml", c.recipe_text().replace("steps: 30", "steps: 2:30")) and
      ["search", str(c.write("s.yaml", "name: a\nbase: r.yaml\n"))], 2, "r.yaml: train.steps"),
+    ("--set key with an empty last part", lambda c: ["inspect", str(c.recipe), "--set", "model.width.=64"], 2, "it has an empty part"),
+    ("--set key with an empty middle part", lambda c: ["train", str(c.recipe), "--out", str(c.tmp / "new"), "--set", "model..width=64"], 2,
+     "model..width: is not a dotted key"),
+    ("at: '-0'", lambda c: ["inspect", str(c.recipe), "--set", "model.layers.overrides=[{at: '-0', placement: post}]"], 2,
+     "model.layers.overrides[0].at: '-0' holds -0"),
+    ("at: a layer twice", lambda c: ["inspect", str(c.write("r.yaml", c.recipe_text(layers={"overrides": [{"at": [1, -1], "placement": "post"}]})))],
+     2, "model.layers.overrides[0].at[1]: names layer 1 twice (as 1 and -1)"),
     ("eval --batches -3", lambda c: ["eval", str(c.run), "--batches", "-3"], 2, "--batches"),
     ("eval --batches 0", lambda c: ["eval", str(c.run), "--batches", "0"], 2, "--batches"),
 ]
@@ -381,6 +388,3 @@ def test_real_process_shows_no_traceback(trained, tmp_path, argv, status, needle
     assert "Traceback" not in done.stderr and needle in done.stderr, done.stderr
     assert done.returncode == status and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
-
-def test_at_least_forty_hostile_cases():
-    assert len(CASES) + len(FALLBACKS) >= 40
