@@ -63,6 +63,8 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attenti
     weights = read_weights(path, build_model(spec, device="meta"), spec, source="spec.yaml", fix=fix)
     model = build_model(spec, device=device)
     apply_weights(model, weights)
+    if (folder / "tokenizer").is_dir():
+        model.tokenizer_dir = folder / "tokenizer"  # its token ids go with the model into other libraries (to_hf_llama)
     return model.eval()
 
 

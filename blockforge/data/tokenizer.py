@@ -48,6 +48,16 @@ class Tokenizer:
         self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
 
     @property
+    def bos_id(self) -> int:
+        """The id a sequence starts with: the tokenizer's bos, else the end-of-text id (every training document
+        and every generation prompt starts after it)."""
+        return self.hf.bos_token_id if self.hf.bos_token_id is not None else self.eos_id
+
+    def special_ids(self) -> dict[str, int]:
+        """bos, eos and pad as a transformers config names them."""
+        return {"bos_token_id": self.bos_id, "eos_token_id": self.eos_id, "pad_token_id": self.pad_id}
+
+    @property
     def vocab_size(self) -> int:
         return len(self.hf)  # includes added tokens (for t5-base: 32,100)
 

@@ -163,6 +163,7 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
     else:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
+    model.token_ids = {key: getattr(hf_model.config, key, None) for key in TOKEN_ID_KEYS}  # to_hf_llama gives them back
     model.eval()
     tokens = probe_tokens(spec)
     with torch.no_grad(), evaluating(_float32_reference(hf_model, frequencies.to(next(hf_model.parameters()).device))) as reference:
@@ -196,8 +197,27 @@ def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
     return [problem for problem, present in checks.items() if present]
 
 
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def token_ids(model: nn.Module) -> dict[str, int | None]:
+    """The bos, eos and pad ids a transformers config of `model` needs: those of the model it was converted from, else
+    those of the tokenizer in the folder it was loaded from (blockforge.load), else none (never transformers' defaults,
+    which in blockforge's own tokenizer name ordinary tokens)."""
+    ids = getattr(model, "token_ids", None)
+    if ids is not None:
+        return dict(ids)
+    folder = getattr(model, "tokenizer_dir", None)
+    if folder is not None:
+        from blockforge.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(folder).special_ids()
+    return dict.fromkeys(TOKEN_ID_KEYS)
+
+
 def to_hf_llama(model: nn.Module) -> nn.Module:
-    """A `LlamaForCausalLM` with the weights of a uniform Pre-LN blockforge llama (GQA, head_dim, biases, llama3 RoPE kept)."""
+    """A `LlamaForCausalLM` with the weights of a uniform Pre-LN blockforge llama (GQA, head_dim, biases, llama3 RoPE kept),
+    its config and generation config holding the model's token ids (see `token_ids`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec: ResolvedSpec = model.spec
@@ -214,9 +234,10 @@ def to_hf_llama(model: nn.Module) -> nn.Module:
         hidden_size=spec.width, num_hidden_layers=spec.depth, num_attention_heads=layer0.heads, num_key_value_heads=layer0.kv_heads,
         head_dim=layer0.head_dim, intermediate_size=layer0.ffn, vocab_size=spec.vocab, max_position_embeddings=spec.context,
         rms_norm_eps=spec.norm_eps, rope_parameters=rope, tie_word_embeddings=spec.tie_embeddings,
-        attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias,
+        attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias, **token_ids(model),
     )
     hf_model = LlamaForCausalLM(config)
+    hf_model.generation_config.update(**token_ids(model))
     dst = hf_model.model
     q_rows, k_rows = layer0.heads * layer0.head_dim, layer0.kv_heads * layer0.head_dim
     copy_weight(dst.embed_tokens.weight, model.embed.weight)

@@ -120,6 +120,19 @@ def test_the_tokenizer_and_the_config_agree_on_special_ids(model_folder, tmp_pat
     assert tokenizer.model_max_length == 32
 
 
+def test_to_hf_llama_from_python_takes_the_token_ids_export_writes(model_folder, tmp_path):
+    src = model_folder(llama())
+    written = loaded(export_run(src, tmp_path / "hf", format="hf"))
+    converted = blockforge.to_hf_llama(blockforge.load(src))
+    for theirs, ours in ((written.config, converted.config), (written.generation_config, converted.generation_config)):
+        assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (0, 0, 1)
+    # A converted transformers model gives its own ids back; a model with no tokenizer gets none (not LlamaConfig's 1 and 2).
+    again = blockforge.to_hf_llama(blockforge.from_hf_llama(converted))
+    assert (again.config.bos_token_id, again.config.eos_token_id, again.generation_config.eos_token_id) == (0, 0, 0)
+    bare = blockforge.to_hf_llama(blockforge.build_model(llama(), seed=0))
+    assert (bare.config.bos_token_id, bare.config.eos_token_id, bare.generation_config.eos_token_id) == (None, None, None)
+
+
 @pytest.fixture
 def mix_ln_export(model_folder, tmp_path):
     src = model_folder(llama(mix=0.34, context=48))
@@ -178,6 +191,28 @@ def test_labels_give_the_next_token_loss_and_hidden_states_every_block_input(mix
         expected = torch.nn.functional.cross_entropy(blockforge.load(src)(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
     assert output.loss.item() == pytest.approx(expected.item(), abs=1e-5)
     assert len(output.hidden_states) == len(model.layers) + 1
+
+
+def test_gradient_checkpointing_recomputes_the_blocks_and_gives_the_same_gradients(mix_ln_export):
+    _, out = mix_ln_export
+    tokens = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5))
+
+    def gradients(checkpointing: bool):
+        model = loaded(out, trust_remote_code=True).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        calls = []
+        model.layers[1].attn.register_forward_pre_hook(lambda *args: calls.append(1))
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters()}, len(calls)
+
+    plain_loss, plain, plain_calls = gradients(False)
+    loss, checkpointed, calls = gradients(True)
+    assert (plain_calls, calls) == (1, 2)  # the block ran again in the backward pass
+    assert loss == plain_loss and plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=1e-7, msg=name)
 
 
 def test_the_text_generation_pipeline_continues_a_prompt(mix_ln_export):

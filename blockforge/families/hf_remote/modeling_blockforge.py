@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_blockforge import BlockforgeLlamaConfig
@@ -206,7 +207,9 @@ class Residual(nn.Module):
         return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}, branch_multiplier={self.branch_multiplier:.4g}"
 
 
-class Block(nn.Module):
+class Block(GradientCheckpointingLayer):
+    """One layer; with `model.gradient_checkpointing_enable()` its activations are recomputed in the backward pass."""
+
     def __init__(self, config: BlockforgeLlamaConfig, index: int):
         super().__init__()
         layer = config.layers[index]
@@ -224,6 +227,7 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "blockforge"  # no base-model submodule: the blocks sit at the top, under blockforge's names
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = True
     _tied_weights_keys = {"head.weight": "embed.weight"}  # applies when config.tie_word_embeddings
 
     def __init__(self, config: BlockforgeLlamaConfig):
@@ -274,7 +278,10 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         self._refuse_unsupported(input_ids, inputs_embeds, output_attentions, kwargs)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         length = x.shape[1]
-        if (self.config.use_cache if use_cache is None else use_cache) and cache is None:
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.training and self.is_gradient_checkpointing:
+            use_cache = False  # the recomputed blocks would extend a cache twice; training needs none
+        if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -283,7 +290,7 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         masks = {window: visible_keys(attention_mask, past, length, window, x.device) for window in self.windows}
         states = [x] if output_hidden_states else None
         for block in self.layers:
-            x = block(x, rope, masks, cache)
+            x = block(x, rope, masks, cache=cache)  # by keyword: checkpointing drops the cache while training
             if states is not None:
                 states.append(x)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
