@@ -173,8 +173,9 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_
         save_weights(model, stage / "model.safetensors", spec)
         save_spec(spec, stage / "spec.yaml")
         with writes_into(stage, "the export", "free space there or choose another --out"):
-            if (run_dir / "recipe.yaml").exists():
-                shutil.copyfile(run_dir / "recipe.yaml", stage / "recipe.yaml")
+            for record in ("recipe.yaml", "data.json"):  # what it was trained with, and on
+                if (run_dir / record).exists():
+                    shutil.copyfile(run_dir / record, stage / record)
             if (run_dir / "tokenizer").is_dir():
                 shutil.copytree(run_dir / "tokenizer", stage / "tokenizer")
         metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}

@@ -84,7 +84,9 @@ class TensorImageDataset:
         self.image_size = image_size
         self.seed = seed
         self.mean, self.std = pixel_mean_std(self.train_images, max_value)
-        self.info = {**info, "images": {"train": len(self.train_labels), "val": len(self.val_labels)}, "image_size": image_size}
+        channels = self.train_images.shape[1]
+        self.info = {**info, "images": {"train": len(self.train_labels), "val": len(self.val_labels)}, "image_size": image_size,
+                     "preprocess": preprocess([self.mean] * channels, [self.std] * channels, crop_pct=1.0)}
 
     def _batch(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
         x = images.float() / self.max_value
@@ -103,6 +105,12 @@ class TensorImageDataset:
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
+
+
+def preprocess(mean: Sequence[float], std: Sequence[float], *, crop_pct: float) -> dict[str, Any]:
+    """How a model's input images were made, in timm's terms: pixels scaled to [0, 1], then (x - mean) / std per
+    channel; evaluation resized (bilinear) to image_size / crop_pct and center-cropped to image_size."""
+    return {"mean": [float(m) for m in mean], "std": [float(s) for s in std], "interpolation": "bilinear", "crop_pct": crop_pct}
 
 
 def pixel_mean_std(images: torch.Tensor, max_value: int) -> tuple[float, float]:
@@ -280,6 +288,7 @@ class ImageFolderDataset:
         self.info = {
             "source": "image-folder", "path": str(root), "classes": len(train.classes),
             "images": {"train": len(train), "val": len(self.val)}, "image_size": image_size, "val": "val folder",
+            "preprocess": preprocess(IMAGENET_MEAN, IMAGENET_STD, crop_pct=VAL_CROP_FRACTION),
         }
 
     @staticmethod

@@ -21,7 +21,7 @@ from torch import nn
 
 from blockforge.spec.model import ResolvedSpec
 
-RECORDS = ("recipe.yaml", "metrics.json")  # the native export's records, kept beside the converted model
+RECORDS = ("recipe.yaml", "data.json", "metrics.json")  # the native export's records, kept beside the converted model
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from blockforge.io import read_json
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.vit_timm import timm_names
@@ -76,8 +77,25 @@ def mlp_ratio(width: int, ffn: int) -> float:
     return ratio
 
 
-def config(spec: ResolvedSpec) -> dict:
-    """config.json in timm's hub layout."""
+def preprocessing(native_dir: Path, spec: ResolvedSpec) -> dict:
+    """How the model's training and evaluation images were made (mean, std, interpolation, crop_pct): from the run's
+    data.json, or, for a run written before it recorded them, from its recipe's data rebuilt."""
+    data = read_json(native_dir / "data.json", "export the run again") if (native_dir / "data.json").exists() else {}
+    found = data.get("preprocess") if isinstance(data, dict) else None
+    if found is None and (native_dir / "recipe.yaml").exists():
+        from blockforge.data import dataset_for
+        from blockforge.spec.recipe import read_yaml, recipe_from_data
+
+        recipe = recipe_from_data(read_yaml(native_dir / "recipe.yaml"), file=str(native_dir / "recipe.yaml"))
+        found = dataset_for(recipe).describe().get("preprocess")
+    if not isinstance(found, dict) or len(found.get("mean", ())) != spec.channels or len(found.get("std", ())) != spec.channels:
+        raise ConversionError("--format timm writes how the model's images are normalized, and this run records it for "
+                              f"{spec.channels} channels neither in data.json nor through its recipe.yaml; export it with --format blockforge")
+    return found
+
+
+def config(spec: ResolvedSpec, preprocess: dict) -> dict:
+    """config.json in timm's hub layout; its pretrained_cfg says how inputs are prepared (timm.data.resolve_data_config)."""
     return {
         "architecture": ARCHITECTURE,
         "num_classes": spec.classes,
@@ -87,6 +105,11 @@ def config(spec: ResolvedSpec) -> dict:
         "pretrained_cfg": {
             "input_size": [spec.channels, spec.image_size, spec.image_size],
             "fixed_input_size": True,
+            "mean": list(preprocess["mean"]),
+            "std": list(preprocess["std"]),
+            "interpolation": preprocess["interpolation"],
+            "crop_pct": preprocess["crop_pct"],
+            "crop_mode": "center",
             "num_classes": spec.classes,
             "first_conv": "patch_embed.proj",
             "classifier": "head",
@@ -99,9 +122,10 @@ def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
     """The timm folder of `model` (loaded from the native export `native_dir`) in `out_dir`."""
     spec: ResolvedSpec = model.spec
     tensors = timm_tensors(model)
+    preprocess = preprocessing(native_dir, spec)
     with staging(out_dir) as stage:
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
-        (stage / "config.json").write_text(json.dumps(config(spec), indent=2) + "\n")
+        (stage / "config.json").write_text(json.dumps(config(spec, preprocess), indent=2) + "\n")
         copy_records(native_dir, stage)
         (stage / "README.md").write_text(front_matter(library_name="timm", pipeline_tag="image-classification", tags="[blockforge]") + card)
         verify(stage, model)
@@ -163,12 +187,13 @@ def strict_reload(loaded: nn.Module, stage: Path) -> None:
 def usage(spec: ResolvedSpec) -> str:
     args = ", ".join(f"{key}={value!r}" for key, value in model_args(spec).items())
     return f"""This folder is timm `VisionTransformer` weights (config.json in timm's hub layout); its logits equal `blockforge.load`'s.
-Feed images normalized as in training (see Data below).
+config.json's pretrained_cfg holds the input size, mean and std training used, so timm prepares images the same way.
 
 ```python
 import timm
 
 model = timm.create_model("local-dir:path/to/this/folder", pretrained=True)
+transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))  # PIL image -> input tensor
 # or by name, every size given (num_classes in the overlay too, else timm drops the head):
 model = timm.create_model("{ARCHITECTURE}", pretrained=True,
                           pretrained_cfg_overlay=dict(file="path/to/this/folder/model.safetensors", num_classes={spec.classes}),

@@ -1,9 +1,12 @@
 """Export tests start from a model folder written here (seeded weights with norms away from 1, a small BPE), so they take seconds."""
 
+import json
+
 import pytest
 import torch
 
 import blockforge
+from blockforge.data.images import preprocess
 from blockforge.data.tokenizer import train_bpe, wrap_bpe
 from blockforge.spec.serialize import save_spec
 from blockforge.train.checkpoint import save_weights
@@ -61,7 +64,7 @@ def assert_padding_changes_nothing(model, tokenizer, texts: list[str], tol: floa
 def model_folder(tmp_path, bpe):
     """model_folder(spec, name, tokenizer=True) -> a folder blockforge.load and export_run read, as a run's export."""
 
-    def make(spec, name: str = "model", tokenizer: bool = True):
+    def make(spec, name: str = "model", tokenizer: bool = True, data: bool = True):
         model = blockforge.build_model(spec, seed=0)
         perturb(model)
         folder = tmp_path / name
@@ -70,6 +73,9 @@ def model_folder(tmp_path, bpe):
         save_spec(model.spec, folder / "spec.yaml")
         if tokenizer:
             bpe.save(folder / "tokenizer")
+        if data and model.spec.family == "vit":  # as a run records its images' normalization
+            channels = model.spec.channels
+            (folder / "data.json").write_text(json.dumps({"preprocess": preprocess([0.5] * channels, [0.25] * channels, crop_pct=1.0)}))
         return folder
 
     return make

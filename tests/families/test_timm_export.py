@@ -15,6 +15,7 @@ from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixLN
 
 TOL = 1e-4
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def vit(placement="pre", *, mix=None, overrides=(), **kw):
@@ -47,6 +48,38 @@ def test_a_uniform_pre_ln_vit_loads_into_timm_by_name_with_every_tensor(model_fo
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in load_file(weights).items())
     assert largest_difference(model, src) <= TOL
     assert largest_difference(timm.create_model(f"local-dir:{out}", pretrained=True), src) <= TOL
+
+
+def test_timm_prepares_inputs_as_training_did(tmp_path):
+    """A 1-channel digits run: resolve_data_config reads the training mean and std, and create_transform turns an 8x8
+    grey image into the tensor training fed the model."""
+    from PIL import Image
+
+    from blockforge.data import dataset_for
+    from blockforge.spec import load_recipe
+    from blockforge.train.loop import train
+
+    recipe = load_recipe(ROOT / "recipes/vit-digits-pre.yaml", [("train.steps", 2), ("train.eval_batches", 1), ("train.batch_size", 8)])
+    train(recipe, tmp_path / "run", progress=False)
+    out = export_run(tmp_path / "run", tmp_path / "timm", format="timm")
+    model = timm.create_model(f"local-dir:{out}", pretrained=True)
+    settings = timm.data.resolve_data_config({}, model=model)
+    data = dataset_for(recipe)
+    assert settings["input_size"] == (1, 8, 8) and settings["crop_pct"] == 1.0
+    assert settings["mean"] == pytest.approx((data.mean,)) and settings["std"] == pytest.approx((data.std,))
+    pixels = data.val_images[0, 0].long()  # 0..16
+    image = Image.fromarray((pixels.numpy() * 255 // 16).astype("uint8"), mode="L")  # the same image as 8-bit grey
+    prepared = timm.data.create_transform(**settings)(image)
+    expected = ((pixels.float() * 255 // 16) / 255 - data.mean) / data.std  # training's normalization of those 8-bit pixels
+    assert prepared.shape == (1, 8, 8)
+    torch.testing.assert_close(prepared[0], expected, rtol=0, atol=1e-5)
+
+
+def test_a_run_that_records_no_normalization_is_refused(model_folder, tmp_path):
+    src = model_folder(vit(), tokenizer=False, data=False)
+    with pytest.raises(BlockforgeError, match="normalized"):
+        export_run(src, tmp_path / "timm", format="timm")
+    assert not (tmp_path / "timm").exists() or not any((tmp_path / "timm").iterdir())
 
 
 def test_the_card_gives_the_create_model_call(model_folder, tmp_path):
