@@ -58,6 +58,9 @@ def _structure_problems(timm_model: nn.Module) -> list[str]:
         "a norm before the blocks": not isinstance(getattr(timm_model, "norm_pre", nn.Identity()), nn.Identity),
         "a norm after pooling": not isinstance(getattr(timm_model, "fc_norm", nn.Identity()), nn.Identity),
         "no patch embedding of fixed size": embed is None or getattr(embed, "img_size", None) is None,
+        "dynamic_img_size (position embeddings resampled for other image sizes; blockforge's vit has one image size)":
+            getattr(timm_model, "dynamic_img_size", False),
+        "dynamic_img_pad (images padded to a multiple of the patch)": getattr(embed, "dynamic_img_pad", False),
     }
     if embed is not None and getattr(embed, "img_size", None) is not None:
         problems["non-square patches or images"] = embed.patch_size[0] != embed.patch_size[1] or embed.img_size[0] != embed.img_size[1]

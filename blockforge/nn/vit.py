@@ -28,6 +28,10 @@ class ViT(Backbone):
 
     def embed_inputs(self, images: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
         """images (B, channels, H, W) -> the first block's input (B, N+1, C): class token, then patches."""
+        expected = (self.spec.channels, self.spec.image_size, self.spec.image_size)
+        if tuple(images.shape[1:]) != expected:
+            raise ValueError(f"this vit takes images of shape (B, {', '.join(map(str, expected))}), not {tuple(images.shape)}; "
+                             "resize them to the image_size it was built for")
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
         return torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed, {}  # (B, N+1, C)
 

@@ -79,6 +79,8 @@ def timm_vit(**changes):
     ({"class_token": False, "global_pool": "avg"}, "no class token"),
     ({"reg_tokens": 2}, "register tokens"),
     ({"no_embed_class": True}, "skip the class token"),
+    ({"dynamic_img_size": True}, "dynamic_img_size"),
+    ({"dynamic_img_pad": True}, "dynamic_img_pad"),
 ])
 def test_timm_options_blockforge_cannot_hold_are_refused_by_name(changes, needle):
     with pytest.raises(ConversionError, match=needle):
@@ -94,3 +96,9 @@ def test_timm_swiglu_mlp_and_distilled_deit_are_refused():
     deit = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, num_classes=4, depth=1)
     with pytest.raises(ConversionError, match="distillation token"):
         from_timm_vit(deit)
+
+
+def test_a_converted_vit_fed_another_image_size_says_so():
+    ours = from_timm_vit(timm_vit())
+    with pytest.raises(ValueError, match=r"takes images of shape \(B, 3, 16, 16\), not \(1, 3, 20, 20\)"):
+        ours(torch.zeros(1, 3, 20, 20))
