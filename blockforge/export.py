@@ -54,7 +54,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attenti
     if not folder.is_dir():
         raise BlockforgeError(f"{folder}: no such folder; give an export or run folder")
     if not (folder / "spec.yaml").exists():
-        raise CorruptFolderError(f"{folder}: spec.yaml is missing, so this is not a blockforge export or run folder")
+        return _load_other_format(folder, device, attention)
     spec = load_spec(folder / "spec.yaml")
     if attention is not None:
         spec = dataclasses.replace(spec, attention=attention)
@@ -63,9 +63,44 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attenti
     weights = read_weights(path, build_model(spec, device="meta"), spec, source="spec.yaml", fix=fix)
     model = build_model(spec, device=device)
     apply_weights(model, weights)
-    if (folder / "tokenizer").is_dir():
-        model.tokenizer_dir = folder / "tokenizer"  # its token ids go with the model into other libraries (to_hf_llama)
-    return model.eval()
+    return _with_tokenizer(model.eval(), folder / "tokenizer")
+
+
+def tokenizer_folder(folder: Path) -> Path:
+    """Where a run or export folder keeps its tokenizer: tokenizer/, or the folder itself (a transformers export)."""
+    return folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder
+
+
+def _with_tokenizer(model: nn.Module, tokenizer: Path) -> nn.Module:
+    if (tokenizer / "tokenizer_config.json").is_file():
+        model.tokenizer_dir = tokenizer  # its token ids go with the model into other libraries (to_hf_llama)
+    return model
+
+
+def _load_other_format(folder: Path, device, attention: str | None) -> nn.Module:
+    """A folder `export --format` wrote for another library, read back by the format that wrote it."""
+    from blockforge.spec.family import FAMILIES
+    from blockforge.train.checkpoint import model_layout
+    from blockforge.train.tensorfile import read_tensors
+
+    for family in FAMILIES.values():
+        for exporter in family.exports.values():
+            found = exporter.read(folder) if exporter.read is not None else None
+            if found is None:
+                continue
+            spec, tensors = found
+            if attention is not None:
+                spec = dataclasses.replace(spec, attention=attention)
+            model = build_model(spec, device=device)
+            if tensors is None:  # held under blockforge's own names: checked by name, dtype and shape
+                expected = model_layout(build_model(spec, device="meta"))
+                apply_weights(model, read_tensors(folder / "model.safetensors", expected, fix=EXPORT_FIX, source=f"its {exporter.library} config"))
+            else:  # converted by the format: every tensor, tied ones under both names
+                with torch.no_grad():
+                    model.load_state_dict(tensors, strict=True)
+            return _with_tokenizer(model.eval(), folder)
+    raise CorruptFolderError(f"{folder}: spec.yaml is missing, so this is not a blockforge export or run folder "
+                             "(nor a transformers folder blockforge exported)")
 
 
 def architecture_table(spec: ResolvedSpec, model: nn.Module) -> str:

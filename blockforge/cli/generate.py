@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
     from blockforge.cli.common import positive_int
 
     p = sub.add_parser("generate", help="continue a text prompt with a trained llama (a run or export folder)")
-    p.add_argument("dir", help="a run folder or an exported model folder (with its tokenizer/)")
+    p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from blockforge.data import load_tokenizer
     from blockforge.errors import BlockforgeError
-    from blockforge.export import load
+    from blockforge.export import load, tokenizer_folder
     from blockforge.train.runtime import pick_device
 
     folder = Path(args.dir)
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(folder, device=device)
     if not hasattr(model, "generate"):
         raise BlockforgeError(f"{folder}: a {model.spec.family} model does not generate text; give a language model's folder")
-    tokenizer = load_tokenizer(folder / "tokenizer")
+    tokenizer = load_tokenizer(tokenizer_folder(folder))
     # Training documents start after an end-of-text id (packed rows), so a prompt starts the same way.
     ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
     new: list[int] = []

@@ -104,10 +104,17 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
             f"{directory}: no saved tokenizer here (tokenizer_config.json is missing); "
             "give the folder a run or an export wrote it to"
         )
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its note about a config of another model type, beside a transformers export
     try:
-        hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        # No remote code: a transformers export keeps its modeling file beside the tokenizer, which reading the tokenizer never needs.
+        hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as err:
         raise DataError(f"{directory}: the saved tokenizer cannot be read ({type(err).__name__}: {err}); save it again") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return Tokenizer(hf, str(directory))
 
 

@@ -31,6 +31,9 @@ class ExportFormat:
     check: Callable[[ResolvedSpec], None]  # refuses a spec the format cannot hold, before anything is written
     usage: Callable[[ResolvedSpec], str]  # the model card's "how to load it" section
     write: Callable[[nn.Module, Path, Path, str], None]  # write(model, native export folder, out folder, card)
+    # read(folder) -> (resolved spec, weights by blockforge's names, or None when the folder's model.safetensors holds
+    # them so), for a folder this format wrote; None for any other folder (blockforge.load tries each format).
+    read: Callable[[Path], tuple[ResolvedSpec, dict | None] | None] | None = None
 
 
 @contextmanager

@@ -18,18 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from blockforge.data.tokenizer import load_tokenizer
-from blockforge.errors import DataError
+from blockforge.errors import CorruptFolderError, DataError
+from blockforge.io import read_json
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, probe_tokens
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
-from blockforge.families.llama_hf import hf_llama_problems, to_hf_llama
+from blockforge.families.llama_hf import from_hf_llama, hf_llama_problems, to_hf_llama
 from blockforge.nn.attention import Attention
 from blockforge.nn.block import Residual
 from blockforge.nn.mlp import SwiGLU
 from blockforge.nn.norms import NORMS
 from blockforge.spec.model import LayerSpec, ResolvedSpec
+from blockforge.spec.recipe import read_yaml, recipe_from_data
+from blockforge.spec.serialize import spec_from_yaml, spec_to_yaml
 
 TOLERANCE = 1e-5  # an export computes what blockforge.load computes
 REMOTE_DIR = Path(__file__).parent / "hf_remote"  # the files shipped into a remote-code export
@@ -39,6 +43,7 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_blockforge.BlockforgeForCausalLM",
 }
 REMOTE_NORMS = ("rmsnorm", "layernorm", "dyt")  # what the modeling file holds
+REMOTE_MODEL_TYPE = "blockforge_llama"  # configuration_blockforge.BlockforgeLlamaConfig.model_type
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,39 @@ def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
             hf_model, model_class = remote_llama(model, ids), remote_class()
             for name in REMOTE_FILES:
                 shutil.copyfile(REMOTE_DIR / name, stage / name)
+        hf_model.config.blockforge_spec = yaml.safe_load(spec_to_yaml(model.spec))  # blockforge.load reads the folder back by it
         hf_model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
         copy_records(native_dir, stage)
         (stage / "README.md").write_text(front_matter(library_name="transformers", pipeline_tag="text-generation", tags="[blockforge]") + card)
         verify(stage, model, model_class, ids)
         publish(stage, out_dir)
+
+
+def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
+    """A transformers folder this format wrote, for blockforge.load: its spec (config.json's blockforge_spec, or the
+    recipe.yaml beside it for folders written before that) and, for a plain LlamaForCausalLM, its weights converted to
+    blockforge's names (its own modeling file's folders hold blockforge's names already). None for other folders."""
+    config_path = folder / "config.json"
+    if not config_path.is_file() or not (folder / "model.safetensors").is_file():
+        return None
+    config = read_json(config_path, "export the model again")
+    ours = isinstance(config, dict) and ("blockforge_spec" in config or "blockforge_arch_hash" in config or (folder / "recipe.yaml").is_file())
+    if not ours or config.get("model_type") not in ("llama", REMOTE_MODEL_TYPE):
+        return None
+    if isinstance(config.get("blockforge_spec"), dict):
+        spec = spec_from_yaml(config["blockforge_spec"], file=f"{config_path}: blockforge_spec")
+    elif (folder / "recipe.yaml").is_file():
+        spec = recipe_from_data(read_yaml(folder / "recipe.yaml"), file=str(folder / "recipe.yaml")).spec
+    else:
+        raise CorruptFolderError(f"{folder}: a transformers folder with neither blockforge_spec in config.json nor recipe.yaml, so its "
+                                 "blockforge spec is unknown; load it with transformers, or export the run again")
+    if config["model_type"] == REMOTE_MODEL_TYPE:
+        return spec, None
+    from transformers import LlamaForCausalLM
+
+    converted = from_hf_llama(LlamaForCausalLM.from_pretrained(folder))
+    return spec, converted.state_dict()
 
 
 def exported_tokenizer(native_dir: Path, context: int):
@@ -286,4 +318,4 @@ print(generator("The model", max_new_tokens=40)[0]["generated_text"])
 """
 
 
-HF_FORMAT = ExportFormat(name="hf", library="transformers", check=check, usage=usage, write=write)
+HF_FORMAT = ExportFormat(name="hf", library="transformers", check=check, usage=usage, write=write, read=read)

@@ -294,3 +294,28 @@ def test_a_refused_comparison_leaves_no_files(model_folder, tmp_path, monkeypatc
 def test_an_unknown_format_is_refused(model_folder, tmp_path):
     with pytest.raises(BlockforgeError, match="unknown value 'onnx'"):
         export_run(model_folder(llama()), tmp_path / "x", format="onnx")
+
+
+@pytest.mark.parametrize("mix", [None, 0.34], ids=["plain LlamaForCausalLM", "remote code"])
+def test_load_and_generate_read_a_transformers_export_back(model_folder, tmp_path, capsys, mix):
+    src = model_folder(llama(mix=mix, context=48))
+    out = export_run(src, tmp_path / "hf", format="hf")
+    assert not (out / "spec.yaml").exists()
+    back, ours = blockforge.load(out), blockforge.load(src)
+    assert back.spec == ours.spec
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens), ours(tokens), rtol=0, atol=TOL)
+    texts = []
+    for folder in (src, out):
+        assert main(["generate", str(folder), "--prompt", "Section 3. The", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].startswith("Section 3. The")
+
+
+def test_a_transformers_folder_blockforge_did_not_write_is_not_taken_for_one(tmp_path):
+    from transformers import LlamaConfig
+
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=50)).save_pretrained(tmp_path)
+    with pytest.raises(BlockforgeError, match="not a blockforge export"):
+        blockforge.load(tmp_path)

@@ -42,6 +42,7 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     blockforge_arch_hash: str | None = None
+    blockforge_spec: dict | None = None  # the resolved spec, as spec.yaml holds it: blockforge.load reads the folder by it
 
     def __post_init__(self, **kwargs):
         self.layers = [dict(layer) for layer in self.layers or []]
