@@ -9,6 +9,7 @@ is tested against). Greedy decoding: temperature 0.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -42,14 +43,15 @@ def generate(
     produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming)."""
     if tokens.dim() == 1:
         tokens = tokens[None]
+    if not (temperature >= 0 and math.isfinite(temperature)) or (top_p is not None and not 0 < top_p <= 1) or (top_k is not None and top_k < 1):
+        raise BlockforgeError(f"sampling needs a finite temperature >= 0, top_k >= 1 and 0 < top_p <= 1, not temperature {temperature}, "
+                              f"top_k {top_k}, top_p {top_p}")
     context = model.spec.context
     if tokens.shape[1] + max_new_tokens > context:
         raise BlockforgeError(
             f"a prompt of {tokens.shape[1]} tokens plus {max_new_tokens} new ones passes the model's context of {context}; "
             f"ask for at most {max(0, context - tokens.shape[1])} new tokens or shorten the prompt"
         )
-    if temperature < 0 or (top_p is not None and not 0 < top_p <= 1) or (top_k is not None and top_k < 1):
-        raise BlockforgeError("sampling needs temperature >= 0, top_k >= 1 and 0 < top_p <= 1")
     generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
     was_training = model.training
     model.eval()

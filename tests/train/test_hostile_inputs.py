@@ -178,6 +178,9 @@ RECIPES = [
      "model.layers.overrides[0].at: '-0' holds -0"),
     ("at: a layer twice", lambda c: ["inspect", str(c.write("r.yaml", c.recipe_text(layers={"overrides": [{"at": [1, -1], "placement": "post"}]})))],
      2, "model.layers.overrides[0].at[1]: names layer 1 twice (as 1 and -1)"),
+    ("generate --temperature nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--temperature", "nan"], 2, "finite temperature"),
+    ("generate --temperature inf", lambda c: ["generate", str(c.export), "--prompt", "x", "--temperature", "inf"], 2, "finite temperature"),
+    ("generate --top-p nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--top-p", "nan"], 2, "0 < top_p <= 1"),
     ("eval --batches -3", lambda c: ["eval", str(c.run), "--batches", "-3"], 2, "--batches"),
     ("eval --batches 0", lambda c: ["eval", str(c.run), "--batches", "0"], 2, "--batches"),
 ]
