@@ -34,3 +34,13 @@ def test_output_cut_short_by_a_closed_pipe_is_not_an_error():
     reader.stdout.close()  # like `| head -1`
     err = reader.stderr.read().decode()
     assert reader.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+def test_inspect_says_when_training_needs_more_memory_than_the_machine_has(capsys):
+    from blockforge.cli import main
+
+    assert main(["inspect", "recipes/llama-tiny-mix.yaml", "--set", "model.width=100000000"]) == 0
+    out = capsys.readouterr().out
+    assert "memory       training needs" in out and "more than the" in out
+    assert main(["inspect", "recipes/llama-tiny-mix.yaml"]) == 0
+    assert "memory       training needs" not in capsys.readouterr().out

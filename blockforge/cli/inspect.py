@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
     from blockforge.spec import load_recipe
     from blockforge.spec.family import get_family
+    import torch
+
+    from blockforge.train.memory import machine_memory
 
     recipe = load_recipe(args.recipe, args.overrides)
     spec = recipe.spec
@@ -55,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     print("placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
     print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
     print(f"arch hash    {spec.arch_hash()}")
+    states = 16 * total  # float32 weights and gradients, Adam's two moments
+    room = machine_memory(torch.device("cpu"))
+    if room is not None and states > room[0]:
+        print(f"memory       training needs {states / 2**30:,.1f} GiB for weights, gradients and Adam moments alone, more than the "
+              f"{room[0] / 2**30:,.1f} GiB {room[1]}: it needs larger hardware, or sharding (--fsdp --gpus N plans it)")
     if args.memory:
         from blockforge.train.memory import memory_plan
 

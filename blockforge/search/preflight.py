@@ -17,7 +17,6 @@ from blockforge.errors import SpecError
 from blockforge.search.config import SearchPlan, cell_name
 
 GiB = 2**30
-BUILD_ERRORS = (RuntimeError, ValueError, OverflowError, MemoryError)  # what torch raises for sizes it cannot hold
 
 
 def _gib(n: float) -> str:
@@ -50,11 +49,9 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
             if key not in planned:
                 try:
                     planned[key] = int(memory_plan(recipe, gpus=plan.resources.data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)
-                except BUILD_ERRORS as err:
+                except SpecError as err:
                     what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
-                    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    raise SpecError(f"{what}: the model cannot even be laid out on the meta device ({reason}); make it smaller",
-                                    file=plan.file) from None
+                    raise SpecError(f"{what}: {err.message}", file=plan.file) from None
             needs[name] = max(needs.get(name, 0), planned[key])
     return needs
 

@@ -35,6 +35,7 @@ from blockforge.train.checkpoint import apply_weights, checkpoint_folders, resto
 from blockforge.train.distributed import World, agree_on_stop, barrier, init_world, mean_across
 from blockforge.train.events import Evaluation, Status, Step, TrainResult
 from blockforge.train.lock import RunLock
+from blockforge.train.memory import check_fits
 from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
 from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device, to_device
@@ -113,6 +114,8 @@ class Trainer:
 
     def _set_up(self, resume: bool) -> None:
         cfg, device = self.cfg, self.device
+        # Memory the machine does not have is one sentence now, not an allocator's traceback later.
+        check_fits(self.recipe, device, processes=self.world.size if device.type == "cpu" else 1, sharded=self.world.size > 1 and cfg.parallel == "fsdp")
         if self.world.is_main:
             writable_folder(self.run_dir, "the run")
             self.lock.acquire()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blockforge.errors import BlockforgeError, SpecError
 from blockforge.nn.build import build_model, parameter_count
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe
@@ -78,8 +79,53 @@ def saved_activation_bytes(model: torch.nn.Module, batch) -> int:
     return total
 
 
-def memory_plan(recipe: Recipe, *, gpus: int = 1, sharded: bool = False) -> MemoryPlan:
-    dtype = compute_dtype(recipe.train.precision, "cuda")  # a plan is for the GPUs it names
+BUILD_ERRORS = (RuntimeError, ValueError, OverflowError, MemoryError)  # what torch raises for sizes it cannot hold
+
+
+def memory_plan(recipe: Recipe, *, gpus: int = 1, sharded: bool = False, device_type: str = "cuda") -> MemoryPlan:
+    """The plan of training `recipe` (on GPUs by default; device_type 'cpu' counts activations in the CPU's dtype).
+
+    A model too large even to lay out on the meta device is one SpecError sentence."""
+    try:
+        return _memory_plan(recipe, gpus, sharded, device_type)
+    except BUILD_ERRORS as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SpecError(f"the model cannot even be laid out on the meta device ({reason}); make it smaller", path="model") from None
+
+
+def machine_memory(device: torch.device) -> tuple[int, str] | None:
+    """(bytes a training process may still take on `device`, what they are), or None where unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, f"free on GPU {device.index or 0}"
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024, "available on this machine"
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(recipe: Recipe, device: torch.device, *, processes: int = 1, sharded: bool = False) -> None:
+    """Refuse, in one sentence and before anything is built, a run whose memory plan exceeds what the device has.
+
+    `processes` training processes share this machine's memory on the CPU (each GPU holds one)."""
+    room = machine_memory(device)
+    if room is None:
+        return
+    plan = memory_plan(recipe, gpus=processes, sharded=sharded, device_type=device.type)
+    need = plan.total_per_gpu * (processes if device.type == "cpu" else 1)
+    available, where = room
+    if need > available:
+        raise BlockforgeError(
+            f"training this model needs about {need / GiB:,.1f} GiB by its memory plan ({plan.parameters:,} parameters: weights, "
+            f"gradients, Adam moments and one micro-batch of {plan.micro_batch}'s activations), more than the {available / GiB:,.1f} GiB "
+            f"{where}; make the model or train.micro_batch_size smaller (`blockforge inspect RECIPE --memory` shows the plan)"
+        )
+
+
+def _memory_plan(recipe: Recipe, gpus: int, sharded: bool, device_type: str) -> MemoryPlan:
+    dtype = compute_dtype(recipe.train.precision, device_type)
     # Attention counted as the fused kernels keep it (the `footprint` backend: shapes only).
     spec = dataclasses.replace(recipe.spec, attention="footprint")
     model = build_model(spec, device="meta").to(dtype)

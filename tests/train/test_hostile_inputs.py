@@ -178,6 +178,10 @@ RECIPES = [
      "model.layers.overrides[0].at: '-0' holds -0"),
     ("at: a layer twice", lambda c: ["inspect", str(c.write("r.yaml", c.recipe_text(layers={"overrides": [{"at": [1, -1], "placement": "post"}]})))],
      2, "model.layers.overrides[0].at[1]: names layer 1 twice (as 1 and -1)"),
+    ("train a model larger than the machine", lambda c: ["train", str(c.recipe), "--out", str(c.tmp / "new"), "--set", "model.width=100000000"],
+     2, "GiB available on this machine; make the model or train.micro_batch_size smaller"),
+    ("train a ramp that multiplies widths by a million", lambda c: ["train", str(c.write("r.yaml", c.recipe_text(
+        layers={"ramp": {"ffn": [1.0e6, 2.0e6]}}))), "--out", str(c.tmp / "new")], 2, "GiB available on this machine"),
     ("generate --temperature nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--temperature", "nan"], 2, "finite temperature"),
     ("generate --temperature inf", lambda c: ["generate", str(c.export), "--prompt", "x", "--temperature", "inf"], 2, "finite temperature"),
     ("generate --top-p nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--top-p", "nan"], 2, "0 < top_p <= 1"),
