@@ -85,6 +85,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
                 os.unlink(tmp)
 
 
+def remove_leftover_temporaries(folder: str | os.PathLike) -> None:
+    """Remove the temporary files atomic_write leaves in `folder` when a process is killed mid-write (`.NAME.*.tmp`).
+
+    Only for a folder this process owns (a locked run or search folder): another writer's file would go too."""
+    for leftover in Path(folder).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if leftover.is_file():
+                leftover.unlink()
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:

@@ -25,7 +25,7 @@ from torch import nn
 
 from blockforge.data import dataset_for
 from blockforge.errors import BlockforgeError, warn
-from blockforge.io import atomic_write_json, atomic_write_text, read_json, writable_folder
+from blockforge.io import atomic_write_json, atomic_write_text, read_json, remove_leftover_temporaries, writable_folder
 from blockforge.nn.build import build_model
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe
@@ -120,6 +120,8 @@ class Trainer:
             writable_folder(self.run_dir, "the run")
             self.lock.acquire()
             prepare_run_dir(self.run_dir, resume)
+            for folder in (self.run_dir, self.run_dir / "checkpoints"):  # what a killed run left half-written
+                remove_leftover_temporaries(folder)
         barrier(self.world)
 
         self.data = dataset_for(self.recipe, run_dir=self.run_dir if self.world.is_main else None)

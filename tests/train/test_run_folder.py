@@ -154,3 +154,19 @@ def test_files_written_atomically_get_an_ordinary_files_mode(tmp_path):
         _umask.cache_clear()
     # readable by others on shared storage, like a file written with open(): not mkstemp's 0600
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == (tmp_path / "plain.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_temporary_files_a_kill_left_behind_go_on_the_next_start(tmp_path, recipe_file):
+    from blockforge.spec import load_recipe
+    from blockforge.train.loop import train
+
+    recipe = load_recipe(recipe_file(steps=4, checkpoint_every=2))
+    run = tmp_path / "run"
+    train(recipe, run, progress=False)
+    leftovers = [run / "checkpoints" / ".latest.json.k3j9x1.tmp", run / ".result.json.a8f2.tmp", run / ".metrics.jsonl.x.tmp"]
+    for path in leftovers:
+        path.write_text("{half")  # as a SIGKILL between mkstemp and the rename leaves them
+    keep = run / "checkpoints" / "notes.tmp"  # not one of atomic_write's names
+    keep.write_text("mine")
+    train(load_recipe(recipe_file(steps=6, checkpoint_every=2)), run, resume=True, progress=False)
+    assert not any(path.exists() for path in leftovers) and keep.exists()
