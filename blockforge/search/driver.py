@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, writable_folder
+from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder
 from blockforge.search import reaper
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
 from blockforge.spec import Assignment
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.train.events import Status
+from blockforge.train.lock import RunLock
 
+SEARCH_LOCK = "search.lock"  # held by the driver that runs the search in a folder
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
 CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
@@ -367,22 +369,37 @@ def run_search(
     plan = load_search(path, overrides, workdir=started.get("workdir") if started else None)
     search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
     search_dir = search_dir.resolve()
-    marker = search_dir / MARKER
-    if marker.exists() and not resume:
-        raise BlockforgeError(f"{search_dir}: already holds a search; pass --resume to continue it, or choose another --out")
-    if resume and not marker.exists():
+    if resume and not (search_dir / MARKER).exists():
         raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
-    if resume:
-        started = started or read_marker(search_dir)
-        if started["fingerprint"] != plan.fingerprint():
-            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
-                                  f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
     if address is not None:
         _probe(address)  # seconds, not the minutes of a Ray start that waits on it
-    from blockforge.search.preflight import check_cluster, memory_needs
+    from blockforge.search.preflight import memory_needs
 
     needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
     writable_folder(search_dir, "the search")
+    # One driver per search folder, from before anything is written to the end of the reports (--resume too).
+    lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
+    try:
+        remove_leftover_temporaries(search_dir)
+        return _run_owned(path, plan, search_dir, needs, address=address, resume=resume, max_concurrent=max_concurrent,
+                          overrides=overrides, progress_every_s=progress_every_s)
+    finally:
+        lock.release()
+
+
+def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address: str | None, resume: bool, max_concurrent: int | None,
+               overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
+    """run_search in a search folder this driver holds the lock of."""
+    from blockforge.search.preflight import check_cluster
+
+    marker = search_dir / MARKER
+    if marker.exists() and not resume:
+        raise BlockforgeError(f"{search_dir}: already holds a search; pass --resume to continue it, or choose another --out")
+    if resume:
+        started = read_marker(search_dir)
+        if started["fingerprint"] != plan.fingerprint():
+            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
+                                  f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
     ledger = Ledger(search_dir / "trials.jsonl")
     with Interrupts(resume_command(path, search_dir, overrides)) as interrupts:
         started_here = ensure_ray(address)

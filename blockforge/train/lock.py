@@ -41,10 +41,12 @@ def _owner(path: Path) -> dict:
 
 
 class RunLock:
-    """The lock of one run folder; `acquire` takes it or refuses, `release` gives it back (idempotent)."""
+    """The lock of one run folder (or, named otherwise, of a search folder); `acquire` takes it or refuses, `release`
+    gives it back (idempotent)."""
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+    def __init__(self, run_dir: Path, name: str = LOCK_NAME, doing: str = "training into it"):
+        self.path = Path(run_dir) / name
+        self.doing = doing  # what the owner does there, for the refusal
         self.fd: int | None = None
 
     @property
@@ -53,7 +55,7 @@ class RunLock:
 
     def _refuse(self, owner: dict) -> None:
         who = f"process {owner.get('pid', '?')} on {owner.get('host', 'an unknown host')}"
-        raise FolderInUseError(f"{self.path.parent}: is in use by {who}, which is training into it; wait for it to end, "
+        raise FolderInUseError(f"{self.path.parent}: is in use by {who}, which is {self.doing}; wait for it to end, "
                                f"or choose another --out (if that process is gone, delete {self.path})")
 
     def acquire(self) -> "RunLock":
@@ -67,7 +69,7 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as err:
-                raise WriteError(f"{self.path.parent}: cannot create {LOCK_NAME} ({err.strerror}); choose another --out") from None
+                raise WriteError(f"{self.path.parent}: cannot create {self.path.name} ({err.strerror}); choose another --out") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:

@@ -98,8 +98,41 @@ def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys,
     assert not (out / "trials.jsonl").exists()
 
 
-def test_the_corpus_is_large_enough():
-    assert len(CASES) >= 25
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from blockforge.train.lock import RunLock
+RunLock(Path(sys.argv[1]), "search.lock", "running a search in it").acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["a second start", "a second driver with --resume"])
+def test_a_search_folder_has_one_driver(tmp_path, capsys, resume):
+    """Whoever holds the folder's lock (the first of two drivers started together, or a running search), another
+    driver is refused before it writes anything, --resume or not."""
+    out = tmp_path / "out"
+    out.mkdir()
+    search = write_search(tmp_path)
+    if resume:
+        from blockforge.search.config import folder_marker
+        from blockforge.io import atomic_write_json
+
+        atomic_write_json(out / "search.json", folder_marker(load_search(search), []))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        started = time.perf_counter()
+        code = main(["search", str(search), "--out", str(out)] + (["--resume"] if resume else []))
+        err = capsys.readouterr().err
+        assert code == 2 and "is in use by process" in err and "running a search in it" in err, err
+        assert time.perf_counter() - started < 10
+        assert sorted(p.name for p in out.iterdir()) == before  # nothing written beside the holder's lock
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_shipped_searches_pass_the_checks():
