@@ -6,7 +6,9 @@ file as a process of its own session (a `kill -9` of the driver's process group 
 holding the read end of a pipe, and marks the environment Ray inherits with a token: every Ray
 process, trial and data-parallel peer of the search carries it. When the driver ends — normally,
 through an exception, a signal or SIGKILL — the pipe closes; this process then sends SIGTERM to every
-process carrying the token, and SIGKILL to those still there after a grace period.
+process carrying the token or descended from one (it notes them every second while the driver lives,
+since Ray starts some processes with an environment of their own), and SIGKILL to those still there
+after a grace period.
 
 Only the standard library is imported here: the watcher starts in a fraction of a second.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +53,15 @@ def release() -> None:
         _pipe = None
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process; None if it is gone (or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[19]))
+
+
 def marked(token: str, spare: set[int]) -> list[int]:
     """The processes whose environment carries `token`."""
     needle = f"{MARK}={token}".encode()
@@ -65,27 +77,73 @@ def marked(token: str, spare: set[int]) -> list[int]:
     return found
 
 
-def reap(token: str, spare: set[int]) -> None:
+def family(token: str, spare: set[int]) -> dict[int, int]:
+    """The marked processes and all their descendants, as pid -> start time.
+
+    Ray gives some of the processes its raylet starts (its dashboard and runtime-env agents) an
+    environment of their own, without the mark; they are the raylet's children, so they are found by
+    descent. Once a parent dies its children belong to init, so the watcher looks while the driver lives.
+    """
+    parents: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None:
+                parents.setdefault(stat[0], []).append(int(entry.name))
+                started[int(entry.name)] = stat[1]
+    found, todo = {}, [pid for pid in marked(token, spare) if pid in started]
+    while todo:
+        pid = todo.pop()
+        if pid not in found and pid not in spare:
+            found[pid] = started[pid]
+            todo.extend(parents.get(pid, []))
+    return found
+
+
+def alive(known: dict[int, int]) -> dict[int, int]:
+    """Those of `known` (pid -> start time) still running as the same process (a reused pid is another)."""
+    out = {}
+    for pid, start in known.items():
+        stat = _stat(pid)
+        if stat is not None and stat[1] == start:
+            out[pid] = start
+    return out
+
+
+def reap(token: str, spare: set[int], known: dict[int, int] | None = None) -> None:
+    """End every process of the search's Ray: the marked ones, their descendants, and those seen before (`known`)."""
+    known = dict(known or {})
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = marked(token, spare)
-        for pid in pids:
+        targets = {**alive(known), **family(token, spare)}
+        known.update(targets)
+        for pid in targets:
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         deadline = time.monotonic() + GRACE_S
-        while pids and time.monotonic() < deadline:
+        while targets and time.monotonic() < deadline:
             time.sleep(0.1)
-            pids = marked(token, spare)
-        if not pids:
+            targets = {**alive(known), **family(token, spare)}
+        if not targets:
             return
+
+
+LOOK_EVERY_S = 1.0  # how often the watcher notes the search's processes while the driver lives
 
 
 def main(token: str, driver: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the terminal is for the driver
-    while sys.stdin.buffer.read(4096):
-        pass  # the driver never writes: this returns when its end closes
-    reap(token, spare={os.getpid(), driver})
+    spare = {os.getpid(), driver}
+    known: dict[int, int] = {}
+    stdin = sys.stdin.buffer.raw
+    while True:
+        ready, _, _ = select.select([stdin], [], [], LOOK_EVERY_S)
+        if ready and not stdin.read(4096):
+            break  # the driver never writes: its end closed
+        known = {**alive(known), **family(token, spare)}
+    reap(token, spare, known)
 
 
 if __name__ == "__main__":

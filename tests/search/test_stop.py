@@ -11,7 +11,7 @@ from pathlib import Path
 
 from blockforge.search.driver import run_search
 from blockforge.search.ledger import Ledger
-from blockforge.search.reaper import MARK
+from blockforge.search.reaper import MARK, alive
 
 from .conftest import write_search
 
@@ -43,6 +43,21 @@ def ray_processes_of(driver: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def ray_family_of(driver: int) -> dict[int, int]:
+    """Every process of driver `driver`'s local Ray: the marked ones and their descendants (Ray's agents carry no
+    mark of their own), as pid -> start time."""
+    from blockforge.search.reaper import family
+
+    tokens = set()
+    for pid in ray_processes_of(driver):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        tokens.update(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(f"{MARK}=".encode()))
+    return {pid: start for token in tokens for pid, start in family(token, {driver}).items()}
 
 
 def checkpoint_step(run_dir: Path) -> int:
@@ -114,9 +129,12 @@ def test_resume_after_sigkill_keeps_pruned_trials_pruned(tmp_path, ray_session):
     driver = start_driver(path, out, tmp_path)
     ledger = Ledger(out / "trials.jsonl")
     wait_for(lambda: any(r.status == "pruned" for r in ledger.records()), 240, "a pruned trial")
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver and its process group, as a crash would
+    processes = ray_family_of(driver.pid)
+    agents = [pid for pid in processes if b"Agent" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert agents, processes  # Ray's agents (whose environment may not show the mark) are found by descent
+    os.kill(driver.pid, signal.SIGKILL)  # the driver alone: its Ray (in its process group or not) must go with it
     driver.wait()
-    gone = wait_for(lambda: not ray_processes_of(driver.pid), 10, "the killed driver's Ray processes to end")
+    gone = wait_for(lambda: not alive(processes), 10, "the killed driver's Ray processes (its agents too) to end")
     print(f"Ray processes gone {gone:.1f} s after SIGKILL")
     pruned = {(r.trial, r.identity): r.steps for r in ledger.records() if r.status == "pruned"}
     assert pruned
