@@ -19,7 +19,7 @@ from blockforge.errors import CorruptFolderError, WriteError
 _READ_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
 
 
-def _write_failure(err: BaseException) -> str | None:
+def write_failure(err: BaseException) -> str | None:
     """Why `err` means a file could not be written ('No space left on device'), or None if it is something else."""
     if isinstance(err, WriteError):
         return getattr(err, "reason", None)  # said again by the outer block, which knows what was being written
@@ -47,7 +47,7 @@ def writes_into(folder: str | os.PathLike, what: str, fix: str = "free space the
     try:
         yield
     except Exception as err:
-        reason = _write_failure(err)
+        reason = write_failure(err)
         if reason is None:
             raise
         failure = WriteError(f"{folder}: cannot write {what} ({reason}); {fix}")

@@ -7,9 +7,11 @@ results.csv, best/, summary.md, the plots and the fitted alpha law.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder
+from blockforge.errors import BlockforgeError, WriteError, warn
+from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.search import reaper
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
 from blockforge.spec import Assignment
@@ -44,6 +46,8 @@ def ensure_ray(address: str | None) -> bool:
         os.environ["BLOCKFORGE_CACHE"] = os.path.abspath(os.path.expanduser(os.environ["BLOCKFORGE_CACHE"]))
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune's per-trial result files (json, csv, TensorBoard): the ledger and each run folder's metrics hold it all.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     ray = _import_ray()
     if ray.is_initialized():
         return False
@@ -207,6 +211,8 @@ class ProgressView:
 def _tune_callback(view: ProgressView):
     from ray.tune import Callback
 
+    from blockforge.search.trials import WRITE_ERROR
+
     class Live(Callback):
         def setup(self, **info):
             _tune_listening()
@@ -218,6 +224,8 @@ def _tune_callback(view: ProgressView):
             view.update(tune_trials=trials)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            if WRITE_ERROR in result:
+                _write_failed(result[WRITE_ERROR])
             view.update(tune_trials=trials)
 
     return Live()
@@ -257,6 +265,7 @@ class Interrupts:
     def __init__(self, resume_command: str):
         self.resume_command = resume_command
         self.signal: int | None = None
+        self.write_failure: str | None = None  # a trial could not write: the search stops as for a signal
         self.phase = "start"  # start -> fit -> end
         self.tune_listens = False
         self._saved: dict = {}
@@ -298,9 +307,19 @@ class Interrupts:
         self.tune_listens = True
         self._forward()
 
+    @property
+    def stopping(self) -> bool:
+        return self.signal is not None or self.write_failure is not None
+
+    def write_failed(self, sentence: str) -> None:
+        """A trial could not write (a full disk): stop the search the way a signal does, at its first such trial."""
+        if self.write_failure is None:
+            self.write_failure = sentence  # said once, when the search has stopped
+        self._forward()
+
     def _forward(self) -> None:
         tune_stop = signal.getsignal(signal.SIGUSR1)  # Ray Tune's graceful stop, installed for its run
-        if self.signal is not None and self.tune_listens and callable(tune_stop):
+        if self.stopping and self.tune_listens and callable(tune_stop):
             tune_stop(signal.SIGUSR1, None)
 
     def _handle(self, signum: int, frame) -> None:
@@ -324,7 +343,40 @@ def _tune_listening() -> None:
         _ACTIVE.listening()
 
 
+def _write_failed(sentence: str) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.write_failed(sentence)
+
+
 QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
+EXPERIMENT_STATE_LOG = "ray.tune.execution.experiment_state"  # where Tune logs a failed save of its state
+
+
+def _write_failure_in(err: BaseException | None) -> str | None:
+    """Why `err` (or an exception it was raised from) means a file could not be written, if it does."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        reason = write_failure(err)
+        if reason is not None:
+            return reason
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class _StateWriteFailure:
+    """Tune logs a failed save of its experiment state (a full disk) with a traceback and runs on; here it
+    stops the search in one sentence instead, like a trial that cannot write."""
+
+    def __init__(self, interrupts: "Interrupts", folder: Path):
+        self.interrupts, self.folder = interrupts, folder
+
+    def filter(self, record) -> bool:
+        reason = _write_failure_in(record.exc_info[1]) if record.exc_info else None
+        if reason is None:
+            return True
+        self.interrupts.write_failed(f"{self.folder}: cannot write Ray Tune's experiment state ({reason})")
+        return False
 
 
 class _QuietWhenInterrupted:
@@ -334,7 +386,7 @@ class _QuietWhenInterrupted:
         self.interrupts = interrupts
 
     def filter(self, record) -> bool:
-        return self.interrupts.signal is None
+        return not self.interrupts.stopping
 
 
 def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tuple] | None) -> str:
@@ -410,22 +462,63 @@ def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address
             if not resume:
                 atomic_write_json(marker, folder_marker(plan, overrides))
             view = ProgressView(ledger, plan, every_s=progress_every_s)
-            _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
+            try:
+                _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
+            except Exception as err:  # the driver's own writes (the ledger) on a full disk: as for a trial's
+                reason = _write_failure_in(err) if interrupts.phase == "fit" else None
+                if reason is None:
+                    raise
+                interrupts.write_failure = interrupts.write_failure or f"{search_dir}: cannot write the search's records ({reason})"
         except BaseException:
             if interrupts.phase == "start" and not resume:
                 marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
             raise
         finally:
-            if interrupts.phase != "start":
-                ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
-            if started_here:
-                stop_ray()
+            try:
+                if interrupts.phase != "start":
+                    ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
+            except OSError:
+                if interrupts.write_failure is None:
+                    raise  # on a full disk the trial's running record stands, and --resume continues it all the same
+            finally:
+                if started_here:
+                    stop_ray()
         interrupts.phase = "end"
+        if interrupts.write_failure is not None:
+            raise WriteError(f"{interrupts.write_failure}; the search stopped there: free space, then resume with: {interrupts.resume_command}")
         view.update(force=True, journal=False)  # the reports below rebuild every view
         from blockforge.search.report import write_reports
 
         summary = write_reports(search_dir, plan, ledger)
     return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command)
+
+
+def damaged_tune_state(experiment: Path) -> Path | None:
+    """The first file of Ray Tune's newest saved state in `experiment` that cannot be read back, if any.
+
+    Tune copies its state into the search folder without renaming it into place, so a full disk or a
+    kill during the copy can leave it cut short; restoring from it would lose the search's progress.
+    """
+    import pickletools
+
+    newest = sorted(experiment.glob("experiment_state-*.json"))
+    if not newest:
+        return None
+    stamp = newest[-1].name.removeprefix("experiment_state-").removesuffix(".json")
+    for path in (newest[-1], *experiment.glob(f"search_gen_state-{stamp}.json"), *experiment.glob(f"searcher-state-{stamp}.pkl"),
+                 experiment / "tuner.pkl"):
+        try:
+            with open(path, "rb") as f:
+                if path.suffix == ".json":
+                    json.load(f)
+                else:  # read the pickle's opcodes through to its end, running none of it
+                    for _ in pickletools.genops(f):
+                        pass
+        except FileNotFoundError:
+            continue
+        except Exception:  # cut short or garbled: any error of reading it back
+            return path
+    return None
 
 
 def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
@@ -438,6 +531,8 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     quiet = _QuietWhenInterrupted(interrupts)
     for name in QUIET_WHEN_INTERRUPTED:
         logging.getLogger(name).addFilter(quiet)
+    state_failure = _StateWriteFailure(interrupts, search_dir / "tune")
+    logging.getLogger(EXPERIMENT_STATE_LOG).addFilter(state_failure)
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
@@ -448,7 +543,13 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     trainable = _trainable(plan, search_dir)
     experiment = search_dir / "tune"
     interrupts.check()
-    if resume and tune.Tuner.can_restore(str(experiment)):
+    damaged = damaged_tune_state(experiment) if resume else None
+    if damaged is not None:  # e.g. written while the disk filled up: the ledger has the search, Tune starts anew
+        aside = search_dir / "tune.damaged"
+        shutil.rmtree(aside, ignore_errors=True)
+        experiment.rename(aside)
+        warn(f"{damaged}: Ray Tune's saved state is damaged (moved to {aside.name}/); the search continues from its ledger")
+    if resume and damaged is None and tune.Tuner.can_restore(str(experiment)):
         # Errored trials stay failed, as the ledger records them; trials still running when the driver
         # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
         tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -457,7 +558,7 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=CellSearcher(plan, str(search_dir)), scheduler=scheduler, num_samples=-1,
+                search_alg=CellSearcher(plan, str(search_dir), from_ledger=resume), scheduler=scheduler, num_samples=-1,
                 max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
                 metric=OBJECTIVE, mode=plan.mode,
             ),
@@ -472,3 +573,4 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     finally:
         for name in QUIET_WHEN_INTERRUPTED:
             logging.getLogger(name).removeFilter(quiet)
+        logging.getLogger(EXPERIMENT_STATE_LOG).removeFilter(state_failure)

@@ -50,7 +50,10 @@ class CellSearcher(Searcher):
     """Per cell: an exploration stage (the sampler's proposals, early-stopped by ASHA), then, with
     `confirm`, a confirmation stage (finalists trained to the full budget with further seeds)."""
 
-    def __init__(self, plan: SearchPlan, search_dir: str):
+    def __init__(self, plan: SearchPlan, search_dir: str, *, from_ledger: bool = False):
+        """from_ledger: continue the search the ledger records (when Ray Tune's own saved state is missing or
+        damaged): its trials keep their numbers and outcomes, the samplers learn what they found, and the
+        first points (baselines, enumerations) not yet tried come first, after the trials a stop interrupted."""
         super().__init__(metric=OBJECTIVE, mode=plan.mode)
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -60,17 +63,19 @@ class CellSearcher(Searcher):
         self.search_dir = str(search_dir)
         self.ledger = Ledger(Path(search_dir) / "trials.jsonl")
         names = plan.cell_names()
+        records = self.ledger.records() if from_ledger else []
+        first = {name: self._first_points(name, records) for name in names}
         self.cells = {
             name: OptunaSearch(
                 space={d.name: d.optuna() for d in plan.dimensions_in(name)}, metric=OBJECTIVE, mode=plan.mode,
-                sampler=make_sampler(plan, i, name), points_to_evaluate=plan.first_points(name) or None,
+                sampler=make_sampler(plan, i, name), points_to_evaluate=first[name] or None,
             )
             for i, name in enumerate(names)
         }
         self.asked = dict.fromkeys(names, 0)  # trial numbers handed out (sampler asks and confirmation trials)
         self.runs = dict.fromkeys(names, 0)  # exploration trials sent to train: the budget
         # A cell whose distinct points fit its budget enumerates them (first_points) and asks no more.
-        self.enumerated = {name: len(plan.first_points(name)) if plan.enumeration(name) is not None else None for name in names}
+        self.enumerated = {name: len(first[name]) if plan.enumeration(name) is not None else None for name in names}
         self.explore_asks = dict.fromkeys(names, 0)
         self.free_streak = dict.fromkeys(names, 0)  # asks in a row that needed no training
         self.stage = dict.fromkeys(names, "explore")  # explore -> confirm -> done
@@ -83,6 +88,30 @@ class CellSearcher(Searcher):
         self.waiting: dict[tuple[str, str], list[dict]] = {}  # twins of running trials, resolved when they end
         self.orphans: dict[tuple[str, str], int] = {}  # (cell, identity) -> number of a trial lost with the driver's state
         self._serial = 0
+        if from_ledger:
+            self._take_in_ledger()
+            self._teach_samplers(records)
+
+    def _first_points(self, name: str, records: list[TrialRecord]) -> list[dict]:
+        """The points cell `name` tries before it samples: the plan's, less those the ledger has tried, after
+        the exploration trials it records as stopped while running (so they continue)."""
+        explored = [r for r in records if r.cell == name and r.stage == "explore"]
+        params = lambda r: self.plan.sampler_params(name, r.overrides)  # noqa: E731
+        stopped = [params(r) for r in explored if r.status in (Status.RUNNING, Status.INTERRUPTED)]
+        tried = [params(r) for r in explored]
+        points = [p for i, p in enumerate(stopped) if p not in stopped[:i]]
+        return points + [p for p in self.plan.first_points(name) if p not in tried]
+
+    def _teach_samplers(self, records: list[TrialRecord]) -> None:
+        """Give each cell's sampler the exploration outcomes the ledger records."""
+        for r in records:
+            if r.stage != "explore" or r.status not in (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED):
+                continue
+            value = self.plan.penalty if r.status == Status.DIVERGED else r.value
+            if r.status == Status.COMPLETED and value is None:
+                continue
+            self.cells[r.cell].add_evaluated_point(self.plan.sampler_params(r.cell, r.overrides), value,
+                                                   error=r.status == Status.FAILED, pruned=r.status == Status.PRUNED)
 
     # ---- Tune's Searcher interface ------------------------------------------------------------
 
@@ -106,7 +135,7 @@ class CellSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         info = self.live.get(trial_id)
-        if info is not None and info["stage"] == "explore" and OBJECTIVE in result:
+        if info is not None and info["stage"] == "explore" and OBJECTIVE in result and "step" in result:
             self.cells[info["cell"]].on_trial_result(info["optuna_id"], {OBJECTIVE: result[OBJECTIVE], "training_iteration": result.get("step", 0)})
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from blockforge.errors import WriteError
+from blockforge.io import write_failure
 from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir
 from blockforge.spec.strict import to_plain
 
@@ -91,6 +93,44 @@ def _report_recorded_end(config: dict, plan: SearchPlan, search_dir: str) -> boo
 
 def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes."""
+    if _report_recorded_end(config, plan, search_dir):
+        return
+    try:
+        _train(config, plan, search_dir)
+    except WriteError as err:
+        _stop_search_for(err, plan.penalty)
+    except OSError as err:  # a write outside the run's own checked writes
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        _stop_search_for(WriteError(f"{trial_dir(search_dir, config['cell'], config['identity'])}: cannot write the trial's files "
+                                    f"({reason}); free space there"), plan.penalty)
+
+
+WRITE_ERROR = "write_error"  # a result key: the trial could not write, and the search stops (see driver.Interrupts)
+STOP_WAIT_S = 120.0  # how long a trial that could not write waits for the search to stop it
+
+
+def _stop_search_for(err: WriteError, plan_penalty: float) -> None:
+    """A trial that cannot write (a full disk) asks the search to stop, as a signal would: it reports the
+    sentence (with the penalty as its objective, which Tune requires, and no step: neither ASHA nor the sampler
+    takes it for a result), and waits to
+    be stopped, so that it stays a running trial that --resume continues from its last checkpoint. If no
+    stop comes, it fails."""
+    import time
+
+    from ray import tune
+
+    said = f"{err.folder}: cannot write {err.what} ({err.reason})" if hasattr(err, "reason") else str(err)
+    waited = 0.0
+    while waited < STOP_WAIT_S:  # Tune stops a trial inside report(), where the trial waits for its next turn
+        tune.report({WRITE_ERROR: said, OBJECTIVE: plan_penalty})
+        time.sleep(1.0)
+        waited += 1.0
+    raise err
+
+
+def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
     import ray
     import torch
     from ray import tune
@@ -99,8 +139,6 @@ def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
-    if _report_recorded_end(config, plan, search_dir):
-        return
     workers = plan.resources.data_parallel
     torch.set_num_threads(max(1, int(plan.resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,8 +137,6 @@ def test_a_search_folder_has_one_driver(tmp_path, capsys, resume):
 
 
 def test_shipped_searches_pass_the_checks():
-    from pathlib import Path
-
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("searches").glob("*.yaml")):
         load_search(path)
 
@@ -195,3 +194,36 @@ def test_an_address_that_accepts_but_is_no_ray_fails_within_30_seconds(tmp_path)
 def test_a_baseline_inside_the_space_and_a_key_fixed_in_one_place_still_load(tmp_path):
     plan = load_search(write_search(tmp_path, overrides={"model.layers.mix_ln.early": "post"}, baselines=[{ALPHA: 0.75}]))
     assert plan.baselines == [{ALPHA: 0.75}]
+
+
+def _mount_namespace() -> list[str] | None:
+    """The command prefix that runs a process in a mount namespace of its own (root, or a user namespace), if any."""
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        try:
+            if subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_search_in_one_sentence_and_resume_continues_it(tmp_path):
+    import json
+
+    prefix = _mount_namespace()
+    if prefix is None:
+        pytest.skip("no mount namespace here (unshare -m) to give the search a small disk of its own")
+    env = dict(os.environ, BLOCKFORGE_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(prefix + [sys.executable, str(Path(__file__).parent / "full_disk_check.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    first, second = seen["first"], seen["second"]
+    err = first["stderr"].strip()
+    assert first["exit"] == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in err and "--resume" in err, err
+    assert first["seconds"] < 10, first
+    assert second["exit"] == 0, second["stderr"][-3000:]
+    assert "Traceback" not in second["stderr"], second["stderr"]
+    assert seen["summary"] and not {"running", "interrupted"} & set(seen["statuses"]), seen
