@@ -23,13 +23,17 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from blockforge.spec.data import TokenizerConfig
 from blockforge.data.corpus import text_hash
-from blockforge.errors import DataError
+from blockforge.errors import DataError, warn
 from blockforge.io import atomic_write
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
+# A BPE learns no merge its training text holds fewer times than this: a token seen only once or twice
+# (a number, a name, a whole rare phrase) cannot get an embedding trained, and validation text rarely
+# contains it. A `bpe` larger than the text supports is capped there, and a warning says so.
+MIN_MERGE_COUNT = 10
 # Part of the BPE cache key: a change to how the BPE is built must not reuse old files.
-BPE_RECIPE = f"byte-level bpe, no prefix space, specials {EOS_TOKEN} {PAD_TOKEN}"
+BPE_RECIPE = f"byte-level bpe, no prefix space, specials {EOS_TOKEN} {PAD_TOKEN}, merges seen {MIN_MERGE_COUNT}+ times"
 ENCODE_CHUNK = 256  # documents per call into the (multi-threaded) tokenizer
 
 
@@ -152,6 +156,10 @@ def bpe_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> Tokeniz
     else:
         backend = train_bpe(texts, vocab_size)
         atomic_write(path, lambda tmp: backend.save(tmp))
+    learned = backend.get_vocab_size()
+    if learned < vocab_size:
+        warn(f"data.tokenizer.bpe: the training text supports {learned} tokens (a merge must occur at least {MIN_MERGE_COUNT} times), "
+             f"not {vocab_size}; using {learned}. Give more text, or set data.tokenizer.bpe (and model.vocab) to {learned}")
     return wrap_bpe(backend, f"bpe-{vocab_size}")
 
 
@@ -162,6 +170,7 @@ def train_bpe(texts: list[str], vocab_size: int) -> tokenizers.Tokenizer:
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        min_frequency=MIN_MERGE_COUNT,
         special_tokens=[EOS_TOKEN, PAD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

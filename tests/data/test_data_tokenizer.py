@@ -72,3 +72,15 @@ def test_bpe_reads_at_most_max_chars(documents, cache_dir, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "train_bpe", lambda texts, size: seen.extend(texts) or train_bpe(texts, size))
     build_tokenizer(TokenizerConfig(bpe=300), iter(documents), max_chars=1000, cache_dir=cache_dir, vocab=None)
     assert seen == documents[: len(seen)] and sum(map(len, seen)) <= 1000
+
+
+def test_a_bpe_larger_than_its_text_supports_is_capped_and_says_so(documents, cache_dir, capsys):
+    """A merge seen a few times (a number, one rare phrase) cannot be learned from the text or met again in
+    validation: the BPE stops where merges occur fewer than MIN_MERGE_COUNT times, and a warning says where."""
+    tokenizer = bpe_tokenizer(documents, 8192, cache_dir)
+    learned = tokenizer.vocab_size
+    err = capsys.readouterr().err
+    assert 300 < learned < 8192, learned
+    assert f"supports {learned} tokens" in err and "data.tokenizer.bpe" in err and len(err.strip().splitlines()) == 1, err
+    # Within what the text supports, nothing is said and nothing changes.
+    assert bpe_tokenizer(documents, 300, cache_dir).vocab_size == 300 and capsys.readouterr().err == ""
