@@ -372,6 +372,33 @@ def _check_baseline(baseline: dict, dimensions: list[Dimension], where: str, che
         raise fail(f"must set every searched key; missing {', '.join(missing)}", where)
 
 
+def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -> None:
+    """Each searched value alone on the base recipe, in every cell: a value no cell can build (a wrong type, a
+    number out of range) is refused by name, and so is a dimension none of whose values builds in some cell,
+    where every trial would fail. Values valid only in some cells stay (their trials there fail, free).
+    Continuous ranges are checked at both ends."""
+    for d in dimensions:
+        values = list(d.args) if d.kind in ("choice", "grid") else [d.args[0], d.args[-1]]
+        errors: dict[int, dict[str, SpecError]] = {}
+        for i, value in enumerate(values):
+            for cell in cells:
+                try:
+                    build(cell, [(d.key, value)])
+                except SpecError as err:
+                    errors.setdefault(i, {})[cell_name(cell)] = err
+        where = f"space.{d.key}.{d.kind}"
+        for i, failed in errors.items():
+            if len(failed) == len(cells):
+                err = next(iter(failed.values()))
+                what = f"{values[i]!r}" + (f" (item {i})" if d.kind in ("choice", "grid") else "")
+                raise fail(f"{what} builds no model: {err.path + ': ' if err.path else ''}{err.message}", where)
+        for cell in cells:
+            name = cell_name(cell)
+            if values and all(name in errors.get(i, {}) for i in range(len(values))):
+                err = errors[0][name]
+                raise fail(f"no value builds a model in cell {name} (e.g. {values[0]!r}: {err.path + ': ' if err.path else ''}{err.message})", where)
+
+
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str) -> SearchPlan:
     raw = read_yaml(path)
     spec = parse(SearchFile, raw)
@@ -445,6 +472,9 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
                 if spec.objective.metric not in reported:
                     raise fail(f"'{spec.objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
                                "objective.metric")
+
+    _check_values(dimensions, cells, lambda cell, pairs: recipe_from_data(
+        anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + pairs), workdir), file=str(base_path)), fail)
 
     asha = spec.scheduler.asha if spec.scheduler is not None else None
     for name in steps if asha is not None else ():

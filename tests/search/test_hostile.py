@@ -55,6 +55,11 @@ CASES = {
     "baseline outside the range": ({"baselines": [{ALPHA: 0.0}, {ALPHA: 0.9}]}, [], f"baselines[1].{ALPHA}"),
     "baseline not a listed choice": ({"space": {ALPHA: {"choice": [0.0, 0.25, 0.5]}}, "baselines": [{ALPHA: 0.3}]}, [], f"baselines[0].{ALPHA}"),
     "baseline sets an unsearched key": ({"baselines": [{ALPHA: 0.0, LR: 0.01}]}, [], f"baselines[0].{LR}"),
+    # every searched value builds a model somewhere, and every cell has a value that builds
+    "choice values of the wrong type": ({"space": {ALPHA: {"uniform": [0.0, 0.5]}, LR: {"choice": ["fast", "slow"]}}, "baselines": []}, [],
+                                        f"space.{LR}.choice"),
+    "a cell where no value builds": ({"cells": {"model.width": [36, 40, 44]}, "space": {"model.heads": {"choice": [9, 5]}}, "baselines": []}, [],
+                                     "cell width=44"),
     # the objective is something the family reports
     "val_acc on a llama search": ({"objective": {"metric": "val_acc"}}, [], "objective.metric"),
     # a key is fixed, varied by cells, or searched: one of these
