@@ -1,12 +1,29 @@
 import os
 import warnings
 
-import pytest
-import torch
+# Before anything imports Ray (test modules do, when collected): a local Ray stays on 127.0.0.1, without token auth.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Tests pin the thread count: more threads than cores slows torch badly on small machines.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def blockforge_cache(tmp_path_factory):
+    """One corpus/tokenizer/token cache for the session, apart from the user's; the variable is restored after."""
+    saved = os.environ.get("BLOCKFORGE_CACHE")
+    path = tmp_path_factory.mktemp("blockforge-cache")
+    os.environ["BLOCKFORGE_CACHE"] = str(path)
+    yield path
+    if saved is None:
+        os.environ.pop("BLOCKFORGE_CACHE", None)
+    else:
+        os.environ["BLOCKFORGE_CACHE"] = saved
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_gpu_throughput_script_runs_on_tiny_configs(tmp_path):
     out = tmp_path / "throughput.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--device", "cpu", "--tiny", "--no-compile",

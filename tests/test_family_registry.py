@@ -53,7 +53,6 @@ def test_a_registered_family_builds_trains_and_is_analysed(tmp_path, toy_family,
     from blockforge.train.memory import memory_plan
     from blockforge.train.optim import parameter_groups
 
-    monkeypatch.setenv("BLOCKFORGE_CACHE", str(tmp_path / "cache"))
     path = write_recipe(tmp_path, steps=6, eval_every=3, alpha=0.5, depth=2)
     recipe = load_recipe(path, [("model.family", "position-lm"), ("train.optimizer", "adamw"), ("train.weight_decay", 0.1)])
     spec = resolve(recipe.model)

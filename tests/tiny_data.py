@@ -1,4 +1,5 @@
-"""A generated text corpus and a tiny llama recipe on it, shared by the training, search and analysis tests."""
+"""A generated text corpus and the tiny llama the tests share: as a ModelSpec (tiny_llama) and as a recipe on the
+corpus (tiny_recipe, write_recipe)."""
 
 import random
 from pathlib import Path
@@ -23,6 +24,17 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> Path:
     return path
 
 
+# The tiny llama of the tests: 32 wide, 2 heads, a 300-token vocabulary.
+TINY_LLAMA = {"family": "llama", "width": 32, "depth": 4, "heads": 2, "ffn": 64, "vocab": 300, "context": 32}
+
+
+def tiny_llama(**changes):
+    """The tiny llama as a ModelSpec, with `changes` (depth=2, vocab=10, layers=LayerRules(...), ...)."""
+    from blockforge.spec import ModelSpec
+
+    return ModelSpec(**{**TINY_LLAMA, **changes})
+
+
 def tiny_recipe(folder: Path, *, alpha: float = 0.5, depth: int = 2, **train) -> dict:
     """A 32-wide llama with Mix-LN `alpha`, a BPE of 300 on a corpus written into `folder`; `train` overrides."""
     corpus = write_corpus(folder / "corpus.txt")
@@ -30,8 +42,7 @@ def tiny_recipe(folder: Path, *, alpha: float = 0.5, depth: int = 2, **train) ->
                     eval_batches=2, checkpoint_every=5, grad_norm_every=5)
     settings.update(train)
     return {
-        "model": {"family": "llama", "width": 32, "depth": depth, "heads": 2, "ffn": 64, "vocab": 300, "context": 32,
-                  "layers": {"mix_ln": {"alpha": alpha}}},
+        "model": {**TINY_LLAMA, "depth": depth, "layers": {"mix_ln": {"alpha": alpha}}},
         "train": settings,
         "data": {"source": "text", "path": str(corpus), "tokenizer": {"bpe": 300}},
     }

@@ -6,7 +6,6 @@ schema and resolves every cell with every baseline, so a bad search fails before
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -21,7 +20,7 @@ from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
 from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile
-from blockforge.spec.strict import canonical, parse, stable_hash, to_plain
+from blockforge.spec.strict import canonical, parse, stable_hash
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
 DISCRETE = ("int", "choice", "grid", "layers")

@@ -31,9 +31,7 @@ def main():
 def trained_run(tmp_path_factory):
     """A tiny Mix-LN run of 10 steps that logged per-layer gradient norms at steps 5 and 10."""
     folder = tmp_path_factory.mktemp("analysis-run")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BLOCKFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "blockforge-cache"))
-        result = train(load_recipe(write_recipe(folder)), folder / "run", progress=False)
+    result = train(load_recipe(write_recipe(folder)), folder / "run", progress=False)
     assert result.status == "completed"
     return folder / "run"
 

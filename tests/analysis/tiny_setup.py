@@ -23,7 +23,7 @@ def _spec(fields: dict, alpha: float) -> ModelSpec:
 
 def tiny_llama(depth: int = 3, alpha: float = 0.34, seed: int = 0):
     torch.manual_seed(seed)
-    return build_model(_spec(dict(family="llama", width=32, depth=depth, heads=2, ffn=64, vocab=64, context=16), alpha))
+    return build_model(_spec({**tiny_data.TINY_LLAMA, "depth": depth, "vocab": 64, "context": 16}, alpha))
 
 
 def tiny_vit(depth: int = 3, seed: int = 0):

@@ -13,6 +13,7 @@ from blockforge.errors import BlockforgeError
 from blockforge.export import export_run
 from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixLN
+from tiny_data import tiny_llama
 
 TOL = 1e-4
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -107,6 +108,6 @@ def test_any_other_vit_is_refused_in_one_sentence(model_folder, tmp_path, capsys
 
 
 def test_a_llama_is_refused_for_timm(model_folder, tmp_path):
-    llama = ModelSpec(family="llama", width=32, depth=2, heads=2, ffn=64, vocab=300, context=16)
+    llama = tiny_llama(depth=2, context=16)
     with pytest.raises(BlockforgeError, match="--format timm exports vit models, and this is a llama model"):
         export_run(model_folder(llama), tmp_path / "timm", format="timm")

@@ -7,14 +7,14 @@ import blockforge
 from blockforge.errors import BlockforgeError
 from blockforge.nn.attention import KVCache
 from blockforge.nn.generate import filter_logits, generate
-from blockforge.spec import ModelSpec
 from blockforge.spec.model import LayerRules, LayerSettings, MixLN
 from blockforge.spec.placements import PLACEMENTS
+from tiny_data import tiny_llama
 
 
 def llama(placement=None, mix=None, knobs=None, **kw):
     layers = LayerRules(default=LayerSettings(placement=placement or "pre", **(knobs or {})), mix_ln=MixLN(alpha=mix) if mix else None)
-    spec = ModelSpec(family="llama", width=32, depth=3, heads=4, ffn=64, vocab=50, context=40, layers=layers, **kw)
+    spec = tiny_llama(depth=3, heads=4, vocab=50, context=40, layers=layers, **kw)
     return blockforge.build_model(spec, seed=0).eval()
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from blockforge import from_hf_llama, from_timm_vit, to_hf_llama
+from tiny_data import tiny_llama
 
 TOL = 1e-4
 
@@ -51,10 +52,9 @@ def test_llama_matches_hf_both_ways(depth, heads, width, ffn, tied):
 def test_to_hf_llama_refuses_mix_ln():
     import blockforge
     from blockforge.errors import BlockforgeError
-    from blockforge.spec import ModelSpec
     from blockforge.spec.model import LayerRules, MixLN
 
-    spec = ModelSpec(family="llama", width=32, depth=4, heads=2, ffn=64, vocab=50, context=16, layers=LayerRules(mix_ln=MixLN(alpha=0.25)))
+    spec = tiny_llama(vocab=50, context=16, layers=LayerRules(mix_ln=MixLN(alpha=0.25)))
     with pytest.raises(BlockforgeError, match="Pre-LN"):
         to_hf_llama(blockforge.build_model(spec))
 

@@ -1,23 +1,17 @@
 """One local Ray for the whole test session (on loopback, object store capped) and tiny search files."""
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tiny_data import write_corpus
+from tiny_data import tiny_recipe
 
 def write_search(folder: Path, **changes) -> Path:
     """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus; `changes` replace top-level keys."""
-    corpus = write_corpus(folder / "corpus.txt")
-    recipe = {
-        "model": {"family": "llama", "width": 32, "depth": 4, "heads": 2, "ffn": 64, "vocab": 300, "context": 32,
-                  "layers": {"mix_ln": {"alpha": 0.25}}},
-        "train": {"steps": 30, "batch_size": 4, "lr": 3e-3, "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10,
-                  "log_every": 5, "grad_norm_every": 0},
-        "data": {"source": "text", "path": str(corpus), "tokenizer": {"bpe": 300}},
-    }
+    recipe = tiny_recipe(folder, alpha=0.25, depth=4)
+    recipe["train"] = {"steps": 30, "batch_size": 4, "lr": 3e-3, "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10,
+                       "log_every": 5, "grad_norm_every": 0}
     (folder / "tiny.yaml").write_text(yaml.safe_dump(recipe))
     search = {
         "name": "tiny",
@@ -39,15 +33,12 @@ def write_search(folder: Path, **changes) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_session(tmp_path_factory):
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["BLOCKFORGE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+def ray_session(blockforge_cache):
     import ray
 
     ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False,
              logging_level="warning", _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"BLOCKFORGE_CACHE": os.environ["BLOCKFORGE_CACHE"]}})
+             runtime_env={"env_vars": {"BLOCKFORGE_CACHE": str(blockforge_cache)}})
     yield ray
     ray.shutdown()
 

@@ -179,6 +179,7 @@ def test_resources_and_memory_are_compared_with_the_nodes(tmp_path):
     check_nodes(cpu_plan, needs, [node(cpu=2, memory_gib=16)], gpu_memory=None)
 
 
+@pytest.mark.slow
 def test_an_address_that_accepts_but_is_no_ray_fails_within_30_seconds(tmp_path):
     path = write_search(tmp_path)
     with socket.socket() as listener:  # accepts connections (the kernel does) and never answers

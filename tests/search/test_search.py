@@ -145,6 +145,7 @@ def test_a_search_folder_remembers_its_sets_and_start_directory_and_survives_dam
     assert "not valid JSON" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, trials_per_cell=4, cells={"model.depth": [4]},
                         space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.25, 0.5, 0.75]}}, sampler={"random": {"seed": 0}},
@@ -178,6 +179,7 @@ def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_sess
             assert steps == sorted(set(steps)) and steps[-1] == 120
 
 
+@pytest.mark.slow
 def test_export_best_of_a_cell(tmp_path, ray_session, capsys):
     path = write_search(tmp_path, cells={"model.depth": [2, 3]}, trials_per_cell=2, scheduler=None)
     run_search(path, out=tmp_path / "out", progress_every_s=0)
@@ -299,6 +301,7 @@ def outcome_plan(path):
     return load_search(path)
 
 
+@pytest.mark.slow
 def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_session):
     path = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=3, scheduler=None, confirm={"top": 1, "seeds": 1},
                         space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.75]}, "train.lr": {"loguniform": [1e-3, 1e-2]}},
@@ -329,6 +332,7 @@ def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_se
     assert list((outcome.search_dir / "tensorboard" / "depth=2").glob("*/events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, confirm={"top": 2, "seeds": 2},
                         overrides={"train.steps": 60, "train.checkpoint_every": 10}, max_concurrent=1)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from blockforge.search.driver import run_search
 from blockforge.search.ledger import Ledger
 from blockforge.search.reaper import MARK, alive
@@ -103,6 +105,7 @@ def test_sigterm_stops_the_trials_writes_reports_and_resume_continues_them(tmp_p
             assert attempts[-1]["start_step"] == at_stop[r.identity] > 0, attempts
 
 
+@pytest.mark.slow
 def test_a_second_signal_ends_the_driver_at_once(tmp_path):
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [4]}, trials_per_cell=1, baselines=[],
                         space={ALPHA: {"choice": [0.0]}}, sampler={"random": {"seed": 0}},

@@ -5,6 +5,7 @@ import pytest
 
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, MixLN, Pattern, Ramp
+from tiny_data import tiny_llama
 
 
 def openelm_make_divisible(v, divisor):
@@ -31,14 +32,14 @@ def test_openelm_270m_layer_wise_scaling_matches_its_formula():
 
 
 def test_ramps_of_init_scale_and_lr_mult_are_linear():
-    spec = resolve(ModelSpec(family="llama", width=32, depth=5, heads=2, ffn=64, vocab=10, context=8,
+    spec = resolve(tiny_llama(depth=5, vocab=10, context=8,
                              layers=LayerRules(ramp=Ramp(init_scale=[0.5, 1.5], lr_mult=[1.0, 2.0]))))
     assert [layer.init_scale for layer in spec.layers] == pytest.approx([0.5, 0.75, 1.0, 1.25, 1.5])
     assert [layer.lr_mult for layer in spec.layers] == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])
 
 
 def test_gemma3_pattern_every_sixth_layer_global():
-    spec = resolve(ModelSpec(family="llama", width=32, depth=14, heads=2, ffn=64, vocab=10, context=1024,
+    spec = resolve(tiny_llama(depth=14, vocab=10, context=1024,
                              layers=LayerRules(default=LayerSettings(window=512), pattern=[Pattern(every=6, offset=5, set=LayerSettings(window=None))])))
     assert [i for i, layer in enumerate(spec.layers) if layer.window is None] == [5, 11]
     assert {layer.window for i, layer in enumerate(spec.layers) if i not in (5, 11)} == {512}
@@ -52,7 +53,7 @@ def test_rules_apply_in_order_default_mix_ln_ramp_pattern_overrides():
         pattern=[Pattern(every=2, offset=1, set=LayerSettings(ffn=24))],  # after ramp: odd layers
         overrides=[LayerOverride(at=3, ffn=16)],  # last word
     )
-    spec = resolve(ModelSpec(family="llama", width=32, depth=4, heads=2, ffn=64, vocab=10, context=8, layers=rules))
+    spec = resolve(tiny_llama(vocab=10, context=8, layers=rules))
     assert [layer.placement for layer in spec.layers] == ["post", "post", "pre", "pre"]
     assert [layer.ffn for layer in spec.layers] == [40, 24, 48, 16]
     assert [layer.lr_mult for layer in spec.layers] == pytest.approx([1.0, 2.0, 3.0, 4.0])

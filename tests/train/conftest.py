@@ -16,7 +16,3 @@ def recipe_file(tmp_path: Path):
 
     return make
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BLOCKFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "blockforge-cache"))

@@ -5,14 +5,15 @@ import torch
 
 import blockforge
 from blockforge.errors import BlockforgeError
-from blockforge.spec import ModelSpec, resolve
+from blockforge.spec import resolve
 from blockforge.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from blockforge.spec.train import TrainConfig
 from blockforge.train.optim import make_optimizer
+from tiny_data import tiny_llama
 
 
 def _setup(tied=False, width=32):
-    spec = resolve(ModelSpec(family="llama", width=width, depth=2, heads=2, ffn=64, vocab=20, context=8, tie_embeddings=tied))
+    spec = resolve(tiny_llama(width=width, depth=2, vocab=20, context=8, tie_embeddings=tied))
     model = blockforge.build_model(spec)
     optimizer = make_optimizer(model, spec, TrainConfig(), torch.device("cpu"))
     return spec, model, optimizer

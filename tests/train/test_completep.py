@@ -8,6 +8,7 @@ from blockforge.nn.losses import lm_loss
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.train import TrainConfig
 from blockforge.train.optim import make_optimizer, parameter_groups
+from tiny_data import tiny_llama
 
 
 def summed_layer_update(parametrization: str, depth: int, seed: int, lr: float = 1e-3) -> float:
@@ -74,7 +75,7 @@ def test_completep_keeps_each_mlps_own_update_across_depth():
 
 
 def test_completep_scales_branches_block_learning_rates_and_epsilon():
-    spec = resolve(ModelSpec(family="llama", width=32, depth=16, heads=2, ffn=64, vocab=10, context=8,
+    spec = resolve(tiny_llama(depth=16, vocab=10, context=8,
                              parametrization="completep", base_depth=4, depth_alpha=0.5))
     assert spec.branch_multiplier == pytest.approx(4 ** -0.5)
     assert spec.block_lr_scale == pytest.approx(4 ** -0.5) and spec.block_eps_scale == pytest.approx(4 ** -0.5)
@@ -87,5 +88,5 @@ def test_completep_scales_branches_block_learning_rates_and_epsilon():
         assert len(inside) == 1  # a group is all block parameters or none
         expected = (0.5, 0.5e-8) if inside == {True} else (1.0, 1e-8)
         assert (group["lr_mult"], group["eps"]) == pytest.approx(expected)
-    standard = resolve(ModelSpec(family="llama", width=32, depth=16, heads=2, ffn=64, vocab=10, context=8))
+    standard = resolve(tiny_llama(depth=16, vocab=10, context=8))
     assert (standard.branch_multiplier, standard.block_lr_scale, standard.block_eps_scale) == (1.0, 1.0, 1.0)

@@ -39,12 +39,10 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One 10-step run (checkpoints at steps 5 and 10) and its export, never changed: cases damage copies."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BLOCKFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "blockforge-cache"))
-        folder = tmp_path_factory.mktemp("hostile")
-        recipe = write_recipe(folder, steps=10, checkpoint_every=5, eval_every=5, log_every=5, grad_norm_every=0)
-        train(load_recipe(recipe), folder / "run", progress=False)
-        export_run(folder / "run", folder / "export")
+    folder = tmp_path_factory.mktemp("hostile")
+    recipe = write_recipe(folder, steps=10, checkpoint_every=5, eval_every=5, log_every=5, grad_norm_every=0)
+    train(load_recipe(recipe), folder / "run", progress=False)
+    export_run(folder / "run", folder / "export")
     return folder
 
 

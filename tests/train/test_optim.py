@@ -8,10 +8,11 @@ from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerOverride, LayerRules
 from blockforge.spec.train import TrainConfig
 from blockforge.train.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
+from tiny_data import tiny_llama
 
 
 def test_lr_mult_groups_walk_layers_beside_spec():
-    spec = resolve(ModelSpec(family="llama", width=32, depth=4, heads=2, ffn=64, vocab=20, context=8,
+    spec = resolve(tiny_llama(vocab=20, context=8,
                              layers=LayerRules(overrides=[LayerOverride(at="2:", lr_mult=3.0), LayerOverride(at=0, lr_mult=0.0)])))
     model = blockforge.build_model(spec)
     groups = parameter_groups(model, spec, weight_decay=0.0)
