@@ -75,7 +75,7 @@ def trained_steps(run_dir: Path) -> list[int]:
 def test_sigterm_stops_the_trials_writes_reports_and_resume_continues_them(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [4]}, trials_per_cell=2, baselines=[],
                         space={ALPHA: {"choice": [0.0, 0.5]}}, sampler={"random": {"seed": 0}}, max_concurrent=2,
-                        overrides={"train.steps": 300, "train.checkpoint_every": 10, "train.eval_every": 10})
+                        overrides={"train.steps": 150, "train.checkpoint_every": 10, "train.eval_every": 10})
     out = tmp_path / "out"
     driver = start_driver(path, out, tmp_path)
     runs = lambda: list(out.glob("trials/*/*"))  # noqa: E731
@@ -99,7 +99,7 @@ def test_sigterm_stops_the_trials_writes_reports_and_resume_continues_them(tmp_p
     for r in outcome.records:
         run_dir = Path(r.run_dir)
         steps = trained_steps(run_dir)
-        assert steps == sorted(set(steps)) and steps[-1] == 300
+        assert steps == sorted(set(steps)) and steps[-1] == 150
         if at_stop.get(r.identity, 0) > 0:  # resumed where its checkpoint left it, not started over
             attempts = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
             assert attempts[-1]["start_step"] == at_stop[r.identity] > 0, attempts
