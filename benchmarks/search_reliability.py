@@ -1,14 +1,21 @@
 """Does a search (exploration + confirmation) find what the full grid with seeds says, and at what cost?
 
-A known-answer cell at quickstart sizes (default depth 8: k = 0..4 Post-LN layers). Ground truth: every
-k trained to the full budget with 5 seeds; per k its mean ± sd, the set of k statistically tied with the
-best (paired t, 95%, over the 5 seeds) and each k's verdict against Pre-LN. Then the quickstart's search
-(enumerated exploration with ASHA, then confirmation) is repeated with different sampler and training
-seeds. Printed: how often the chosen k is in the tied-best set, how often its verdict against Pre-LN
-agrees with the ground truth's, how often it overclaims (says better or worse where the ground truth
-does not), and the steps it trained as a fraction of the grid-with-seeds.
+Known-answer cells at quickstart sizes: a llama at depths 6 and 12 (k = 0..3 and 0..6 Post-LN layers;
+depth 6 enumerates its k, depth 12 samples 5 of 7) and the digits vit at depth 6 (k = 0..3). Ground
+truth per cell: every k trained to the full budget with --seeds seeds, evaluated often enough to see
+the curves; per k its mean ± sd, the set of k tied with the best (paired t, 95%) and each k's verdict
+against Pre-LN. From the ground truth's curves, per cell: how well the ranking at each early-stopping
+rung agrees with the final one (Kendall tau, pairs that cross, by how much) and what each pruning rule
+would have stopped (plain ASHA; the search's guarded rule).
 
-    python benchmarks/search_reliability.py [--depth 8] [--seeds 5] [--repeats 5] [--max-seeds N] [--out runs/bench-reliability]
+Then the cell's search is repeated with its own sampler and training seeds, at --max-concurrent 1 and
+at the default concurrency. Per repeat: whether the ground truth's best-mean k got a full-budget run,
+whether the chosen k is in the tied-best set, whether its verdict contradicts the direction the ground
+truth supports (or claims a direction where the ground truth has none), and the steps it trained as a
+fraction of the grid with seeds.
+
+    python benchmarks/search_reliability.py [--cells llama-d6,llama-d12,vit-d6] [--seeds 5] [--repeats 3]
+                                            [--truth-only] [--out runs/bench-reliability]
 
 Every search folder is kept, so an interrupted run resumes where it stopped.
 """
@@ -16,6 +23,8 @@ Every search folder is kept, so an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -25,23 +34,44 @@ import yaml
 from blockforge.search.driver import run_search
 from blockforge.search.evidence import paired_difference, verdict
 from blockforge.search.report import evidence_by_cell
+from blockforge.search.rungs import curve_of, kendall_tau
+from blockforge.spec.resolve import mix_ln_count
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "searches" / "quickstart.yaml"
+ALPHA = "model.layers.mix_ln.alpha"
 
 
-def search_file(folder: Path, name: str, **changes) -> Path:
-    """The quickstart search with `changes` (top-level keys replaced); its base path made absolute."""
+def llama(depth: int) -> dict:
     data = yaml.safe_load(QUICKSTART.read_text())
     data["base"] = str((QUICKSTART.parent / data["base"]).resolve())
-    data.update(name=name, **changes)
+    data.update(cells={"model.depth": [depth]}, baselines=[{ALPHA: 0.0}])
+    return data
+
+
+def vit(depth: int) -> dict:
+    """The digits vit at quickstart-like cost: 300 steps, alpha over [0, 0.5], ASHA after 100 steps."""
+    return {
+        "base": str((ROOT / "recipes" / "vit-digits-mix.yaml").resolve()), "steps": 300,
+        "overrides": {"train.eval_batches": 8, "train.checkpoint_every": 100, "train.eval_every": 100},
+        "cells": {"model.depth": [depth]}, "space": {ALPHA: {"uniform": [0.0, 0.5]}}, "baselines": [{ALPHA: 0.0}],
+        "trials_per_cell": 5, "confirm": {"top": 2, "seeds": 2}, "objective": {"metric": "val_loss", "mode": "min"},
+        "scheduler": {"asha": {"grace_steps": 100, "reduction_factor": 3}}, "sampler": {"tpe": {"seed": 0, "startup_trials": 3}},
+        "divergence": {"max_loss": 20.0}, "resources": {"cpu": 1, "gpu": 0},
+    }
+
+
+CELLS = {"llama-d6": (llama, 6, 25), "llama-d12": (llama, 12, 25), "vit-d6": (vit, 6, 50)}  # template, depth, truth's eval_every
+
+
+def write(folder: Path, name: str, data: dict) -> Path:
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.safe_dump({**data, "name": name}, sort_keys=False))
     return path
 
 
-def run(path: Path, out: Path):
-    return run_search(path, out=out, resume=(out / "search.json").exists(), progress_every_s=1e9)
+def run(path: Path, out: Path, max_concurrent: int | None = None):
+    return run_search(path, out=out, resume=(out / "search.json").exists(), max_concurrent=max_concurrent, progress_every_s=1e9)
 
 
 def trained_steps(records) -> int:
@@ -53,74 +83,111 @@ def trained_steps(records) -> int:
     return sum(furthest.values())
 
 
-def ground_truth(folder: Path, depth: int, seeds: int, steps: int) -> dict:
-    grid = [k / depth for k in range(depth // 2 + 1)]
-    path = search_file(folder, "grid", cells={"model.depth": [depth], "train.seed": list(range(seeds))}, scheduler=None, confirm=None,
-                       space={"model.layers.mix_ln.alpha": {"grid": grid}}, sampler={"grid": {}}, baselines=[], trials_per_cell=len(grid))
-    outcome = run(path, folder / "grid")
+def ground_truth(folder: Path, template: dict, depth: int, seeds: int, eval_every: int) -> dict:
+    ks = list(range(mix_ln_count(0.5, depth) + 1))
+    data = copy.deepcopy(template)
+    data.update(cells={"model.depth": [depth], "train.seed": list(range(seeds))}, scheduler=None, confirm=None, baselines=[],
+                space={ALPHA: {"grid": [k / depth for k in ks]}}, sampler={"grid": {}}, trials_per_cell=len(ks))
+    data["overrides"] = {**data.get("overrides", {}), "train.eval_every": eval_every}
+    outcome = run(write(folder, "grid", data), folder / "grid")
     values: dict[int, dict[int, float]] = {}
+    curves: dict[int, dict[int, dict[int, float]]] = {}
     for r in outcome.records:
         if r.status == "completed":
             values.setdefault(r.post_ln_layers, {})[r.seed] = r.value
+            curves.setdefault(r.post_ln_layers, {})[r.seed] = curve_of(Path(r.run_dir), "val_loss")
     means = {k: statistics.mean(v.values()) for k, v in values.items()}
     best = min(means, key=means.get)
     tied = sorted(k for k in values if k == best or verdict(paired_difference(values[k], values[best]), "min") == "tied")
     verdicts = {k: "Pre-LN" if k == 0 else verdict(paired_difference(values[k], values[0]), "min") for k in values}
-    return {"values": values, "means": means, "sd": {k: statistics.stdev(v.values()) for k, v in values.items()}, "best": best,
-            "tied_best": tied, "verdicts": verdicts, "steps": trained_steps(outcome.records)}
+    to_pre = {k: paired_difference(values[k], values[0]).mean for k in values if k != 0}
+    return {"values": values, "curves": curves, "means": means, "sd": {k: statistics.stdev(v.values()) for k, v in values.items()},
+            "best": best, "tied_best": tied, "verdicts": verdicts, "to_pre": to_pre, "steps": trained_steps(outcome.records)}
+
+
+def rung_agreement(truth: dict, rungs: list[int]) -> list[dict]:
+    """Per rung step: Kendall tau of the ranking there against the final one (mean over seeds), and the pairs that cross."""
+    rows = []
+    seeds = sorted(set.intersection(*(set(v) for v in truth["curves"].values())))
+    for step in rungs:
+        taus, crossings, pairs = [], [], 0
+        for seed in seeds:
+            at = {k: truth["curves"][k][seed][step] for k in truth["curves"] if step in truth["curves"][k][seed]}
+            final = {k: truth["values"][k][seed] for k in at}
+            taus.append(kendall_tau([at[k] for k in sorted(at)], [final[k] for k in sorted(at)]))
+            for a, b in itertools.combinations(sorted(at), 2):
+                pairs += 1
+                if (at[a] - at[b]) * (final[a] - final[b]) < 0:
+                    crossings.append(abs(at[a] - at[b]))
+        rows.append({"step": step, "tau": statistics.mean(taus), "pairs": pairs, "crossing": len(crossings),
+                     "largest_crossing_margin": max(crossings, default=0.0)})
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--cells", default=",".join(CELLS))
     parser.add_argument("--seeds", type=int, default=5, help="seeds per k in the ground truth")
-    parser.add_argument("--repeats", type=int, default=5, help="searches, each with its own sampler and training seeds")
-    parser.add_argument("--top", type=int, default=2)
-    parser.add_argument("--confirm-seeds", type=int, default=2)
-    parser.add_argument("--max-seeds", type=int, default=None, help="race the leaders up to this many further seeds")
+    parser.add_argument("--repeats", type=int, default=3, help="searches per cell and concurrency, each with its own seeds")
+    parser.add_argument("--truth-only", action="store_true")
     parser.add_argument("--out", default="runs/bench-reliability")
     args = parser.parse_args()
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    steps = yaml.safe_load(QUICKSTART.read_text())["steps"]
+    report = {}
+    for cell in args.cells.split(","):
+        make, depth, eval_every = CELLS[cell]
+        template = make(depth)
+        folder = Path(args.out) / cell
+        folder.mkdir(parents=True, exist_ok=True)
+        truth = ground_truth(folder, template, depth, args.seeds, eval_every)
+        steps = template["steps"]
+        grace = template["scheduler"]["asha"]["grace_steps"]
+        rungs = [s for s in range(eval_every, steps, eval_every)]
+        agreement = rung_agreement(truth, rungs)
+        print(f"\n{cell}: ground truth, {steps} steps, seeds 0..{args.seeds - 1}")
+        for k in sorted(truth["means"]):
+            print(f"  k={k}: val_loss {truth['means'][k]:.4f} ± {truth['sd'][k]:.3f}  vs Pre-LN: {truth['verdicts'][k]}")
+        print(f"  best k={truth['best']}; tied with the best: {truth['tied_best']}; grid steps {truth['steps']}")
+        for row in agreement:
+            print(f"  step {row['step']:4d}{' (ASHA rung)' if row['step'] == grace else ''}: Kendall tau vs final {row['tau']:+.2f}; "
+                  f"{row['crossing']} of {row['pairs']} pairs cross, the largest margin {row['largest_crossing_margin']:.3f}")
+        entry = {"truth": {k: v for k, v in truth.items() if k not in ("values", "curves")}, "agreement": agreement, "repeats": []}
+        report[cell] = entry
+        if args.truth_only:
+            continue
+        for concurrency, r in itertools.product((1, None), range(1, args.repeats + 1)):
+            name = f"search-{r}-mc{concurrency or 'default'}"
+            data = copy.deepcopy(template)
+            data["overrides"] = {**data.get("overrides", {}), "train.seed": 1000 * r + (0 if concurrency == 1 else 500)}
+            data["sampler"] = {"tpe": {"seed": r + (0 if concurrency == 1 else 100), "startup_trials": 3}}
+            path = write(folder, name, data)
+            outcome = run(path, folder / name, max_concurrent=concurrency)
+            from blockforge.search.config import load_search
 
-    truth = ground_truth(folder, args.depth, args.seeds, steps)
-    print(f"ground truth, depth {args.depth}, {steps} steps, seeds 0..{args.seeds - 1}:")
-    for k in sorted(truth["means"]):
-        print(f"  k={k}: val_loss {truth['means'][k]:.4f} ± {truth['sd'][k]:.3f}  vs Pre-LN: {truth['verdicts'][k]}")
-    print(f"  best k={truth['best']}; tied with the best (paired t, 95%): {truth['tied_best']}; grid steps {truth['steps']}")
-
-    confirm = {"top": args.top, "seeds": args.confirm_seeds, **({"max_seeds": args.max_seeds} if args.max_seeds else {})}
-    rows = []
-    for r in range(1, args.repeats + 1):
-        name = f"search-{r}"
-        base_seed = 1000 * r  # training seeds apart from the ground truth's
-        data = yaml.safe_load(QUICKSTART.read_text())
-        path = search_file(folder, name, cells={"model.depth": [args.depth]}, confirm=confirm,
-                           overrides={**data["overrides"], "train.seed": base_seed}, sampler={"tpe": {"seed": r, "startup_trials": 3}},
-                           baselines=[{"model.layers.mix_ln.alpha": 0.0}])
-        outcome = run(path, folder / name)
-        plan_cell = f"depth={args.depth}"
-        from blockforge.search.config import load_search
-
-        evidence = evidence_by_cell(load_search(path), outcome.records)[plan_cell]
-        chosen = evidence.winner.post_ln_layers
-        row = {"repeat": r, "chosen_k": chosen, "n": evidence.winner.n, "verdict": evidence.verdict,
-               "truth_verdict": truth["verdicts"][chosen], "in_tied_best": chosen in truth["tied_best"],
-               "verdict_agrees": evidence.verdict == truth["verdicts"][chosen], "steps": trained_steps(outcome.records)}
-        # a tie where the ground truth (more seeds) separates is a lack of power; a direction it does not support is an error
-        row["overclaims"] = evidence.verdict in ("better", "worse") and evidence.verdict != row["truth_verdict"]
-        row["fraction"] = row["steps"] / truth["steps"]
-        rows.append(row)
-        print(json.dumps(row))
-    total = sum(r["steps"] for r in rows) / (len(rows) * truth["steps"])
-    print("\nrepeat  chosen k  n  verdict  truth's verdict  in tied-best  verdict agrees  overclaims  steps/grid")
-    for r in rows:
-        print(f"{r['repeat']:6d}  {r['chosen_k']:8d}  {r['n']}  {r['verdict']:7s}  {r['truth_verdict']:15s}  {str(r['in_tied_best']):12s}"
-              f"  {str(r['verdict_agrees']):14s}  {str(r['overclaims']):10s}  {r['fraction']:.2f}")
-    print(f"chosen k in the tied-best set: {sum(r['in_tied_best'] for r in rows)} of {len(rows)}; verdict agrees: "
-          f"{sum(r['verdict_agrees'] for r in rows)} of {len(rows)}; overclaims: {sum(r['overclaims'] for r in rows)} of {len(rows)}; compute {total:.0%} of the grid with {args.seeds} seeds")
-    (folder / "summary.json").write_text(json.dumps({"truth": {k: v for k, v in truth.items() if k != "values"}, "rows": rows}, indent=2, default=str))
+            evidence = evidence_by_cell(load_search(path), outcome.records)[f"depth={depth}"]
+            chosen = evidence.winner.post_ln_layers
+            full = {rec.post_ln_layers for rec in outcome.records if rec.status == "completed"}
+            diff = evidence.vs_reference.mean if evidence.vs_reference else 0.0
+            truth_diff = truth["to_pre"].get(chosen, 0.0)
+            row = {"repeat": r, "concurrency": concurrency or "default", "chosen_k": chosen, "n": evidence.winner.n,
+                   "verdict": evidence.verdict, "truth_verdict": truth["verdicts"][chosen], "best_k_trained": truth["best"] in full,
+                   "in_tied_best": chosen in truth["tied_best"], "steps": trained_steps(outcome.records),
+                   # a verdict whose direction the ground truth's mean difference opposes is an error; a direction
+                   # where the ground truth (more seeds) finds none is an overclaim; a tie where it separates is power
+                   "contradicts": evidence.verdict in ("better", "worse") and diff * truth_diff < 0,
+                   "overclaims": evidence.verdict in ("better", "worse") and truth["verdicts"][chosen] == "tied"}
+            row["fraction"] = row["steps"] / truth["steps"]
+            entry["repeats"].append(row)
+            print(json.dumps(row))
+        rows = entry["repeats"]
+        print(f"\n{cell}: repeat  concurrency  chosen k  n  verdict  truth's  best k full  in tied-best  contradicts  overclaims  steps/grid")
+        for row in rows:
+            print(f"        {row['repeat']:6d}  {str(row['concurrency']):11s}  {row['chosen_k']:8d}  {row['n']}  {row['verdict']:7s}  "
+                  f"{row['truth_verdict']:7s}  {str(row['best_k_trained']):11s}  {str(row['in_tied_best']):12s}  {str(row['contradicts']):11s}  "
+                  f"{str(row['overclaims']):10s}  {row['fraction']:.2f}")
+        print(f"{cell}: best k trained in {sum(r['best_k_trained'] for r in rows)}/{len(rows)}, chosen k tied-best in "
+              f"{sum(r['in_tied_best'] for r in rows)}/{len(rows)}, contradictions {sum(r['contradicts'] for r in rows)}, overclaims "
+              f"{sum(r['overclaims'] for r in rows)}, compute {statistics.mean(r['fraction'] for r in rows):.0%} of the grid with {args.seeds} seeds")
+    (Path(args.out) / "summary.json").write_text(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -187,13 +187,14 @@ class ProgressView:
         elapsed = time.time() - self.started
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
         from blockforge.search.evidence import describe
-        from blockforge.search.report import evidence_by_cell
+        from blockforge.search.report import evidence_by_cell, rung_line
 
         parts = []
         for cell, e in evidence_by_cell(self.plan, records).items():
             if e.winner is not None:
                 against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.vs_reference and e.verdict != "Pre-LN" else ""
-                parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}")
+                rung = rung_line(self.plan, records, cell)
+                parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
     def update(self, force: bool = False, tune_trials: list | None = None, journal: bool = True) -> None:
@@ -554,7 +555,7 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
         # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
         tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
     else:
-        scheduler = CellScheduler(plan) if plan.asha is not None else None
+        scheduler = CellScheduler(plan, str(search_dir)) if plan.asha is not None else None
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(

@@ -154,8 +154,8 @@ class CellEvidence:
         return out
 
 
-def describe(candidate: Candidate) -> str:
-    """'1 Post-LN layer, lr 0.003': the candidate's shape and its other searched values."""
+def describe(candidate) -> str:
+    """'1 Post-LN layer, lr 0.003': a candidate's (or a trial record's) shape and its other searched values."""
     parts = []
     if candidate.post_ln_layers is not None:
         k = candidate.post_ln_layers
@@ -164,7 +164,7 @@ def describe(candidate: Candidate) -> str:
         if key.endswith("mix_ln.alpha"):
             continue
         parts.append(f"{key.rsplit('.', 1)[-1]} {value:.3g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}")
-    return ", ".join(parts) or candidate.model[:8]
+    return ", ".join(parts) or (candidate.model or getattr(candidate, "identity", ""))[:8]
 
 
 def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:

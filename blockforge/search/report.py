@@ -18,6 +18,7 @@ from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
 from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.search.rungs import cell_rungs
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.resolve import mix_ln_count
 from blockforge.spec.serialize import save_spec
@@ -246,6 +247,47 @@ def _interval(span: tuple[float, float] | None) -> str:
     return "-" if span is None else (f"{span[0]:.4g}" if span[0] == span[1] else f"{span[0]:.4g}-{span[1]:.4g}")
 
 
+def early_stopping_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
+    """Per cell: the ranking at each evaluated step against the final one among full-budget curves (same seed),
+    the pruned trials against those curves where they stopped, and the runs promoted back to the full budget."""
+    if plan.asha is None:
+        return "No early stopping: every trial ran its full budget.\n"
+    by_trial = {(r.cell, r.trial): r for r in records}
+    parts = []
+    for cell in plan.cell_names():
+        rungs = cell_rungs(plan, records, cell)
+        if not rungs.checks:
+            parts.append(f"### {cell}\n\nNo two full-budget curves share a seed yet.\n")
+            continue
+        table = markdown_table(
+            ["step", "ASHA rung", "Kendall tau vs final", "seeds", "pairs", "crossing", "largest crossing margin"],
+            [[c.step, "yes" if c.step in rungs.rungs else "", "-" if c.tau is None else f"{c.tau:+.2f}", c.seeds, c.pairs,
+              len(c.crossings), fmt(c.largest) if c.crossings else "-"] for c in rungs.checks])
+        pruned = markdown_table(
+            ["trial", "model", "stopped at", "behind the best full curve", "curves overtaken by up to", "could have ended ahead"],
+            [[p.trial, describe(by_trial[(cell, p.trial)]), p.step, "-" if p.margin is None else fmt(p.margin), fmt(p.crossing),
+              "yes" if p.inside else "no"] for p in rungs.pruned]) if rungs.pruned else "No pruned trial is left without a full-budget run."
+        promoted = "".join(f"\n- trial {n} ({describe(by_trial[(cell, n)])}, seed {by_trial[(cell, n)].seed}): {why}"
+                           for n, why in sorted(rungs.promoted.items()))
+        advice = rungs.advice()
+        parts.append(f"### {cell}\n\n{table}\n\n{pruned}\n" + (f"\nPromoted to the full budget:{promoted}\n" if promoted else "")
+                     + (f"\n{advice}\n" if advice else ""))
+    return "\n".join(parts)
+
+
+def rung_line(plan: SearchPlan, records: list[TrialRecord], cell: str) -> str:
+    """The live view's word on a cell's first rung: '', or 'rung 50: tau +0.33, 2 of 12 pairs cross (up to 0.021)'."""
+    if plan.asha is None:
+        return ""
+    rungs = cell_rungs(plan, records, cell)
+    check = rungs.at(rungs.rungs[0]) if rungs.rungs else None
+    if check is None or check.tau is None:
+        return ""
+    text = f"rung {check.step}: tau {check.tau:+.2f}, " + (f"{len(check.crossings)} of {check.pairs} pairs cross (up to {check.largest:.3g})"
+                                                          if check.crossings else f"no pair of {check.pairs} crosses")
+    return text + (f", {len(rungs.promoted)} promoted" if rungs.promoted else "")
+
+
 def budget_text(plan: SearchPlan) -> str:
     """'150 steps', or each cell's steps when cells differ."""
     budgets = set(plan.steps.values())
@@ -299,6 +341,14 @@ Intervals: {METHOD} over the training seeds two models share (candidates trained
 
 {details or '(no model finished the full budget)'}
 
+## Early stopping checked against full budgets
+
+Confirmation trains several models of each cell to the full budget with the same seeds; their curves
+show how far the ranking at an early step agrees with the final one (Kendall tau, mean over seeds) and
+which pairs cross (behind there, ahead at the end). A pruned trial that was behind by no more than such
+a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
+
+{early_stopping_section(plan, records)}
 ## alpha_opt(depth, width)
 
 Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
@@ -309,4 +359,5 @@ below are fitted to k/L.
     verdict_line = boot.verdict if boot else law.verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
-    return console + "\n\n" + "\n".join(claims) + "\n\n" + verdict_line
+    advice = [a for a in (cell_rungs(plan, records, cell).advice() for cell in plan.cell_names()) if a] if plan.asha else []
+    return console + "\n\n" + "\n".join(claims + advice) + "\n\n" + verdict_line

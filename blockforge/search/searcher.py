@@ -12,15 +12,17 @@ only, so early stopping compares trials of one cell and never stops a replicate.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+import numpy as np
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from blockforge.errors import SpecError
 from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.search.rungs import asha_rungs, cell_curves, curve_of, rung_checks
 from blockforge.train.events import Status
 
 # Duplicates and invalid combinations cost nothing and do not use a cell's trial budget; a cell whose
@@ -82,6 +84,7 @@ class CellSearcher(Searcher):
         self.queue: dict[str, list[dict]] = {name: [] for name in names}  # confirmation trials not started yet
         self.finalists: dict[str, list[dict]] = {name: [] for name in names}  # {searched, model} per finalist
         self.extra_seeds = dict.fromkeys(names, 0)  # further seeds given to a cell's finalists so far
+        self.promoted: dict[str, dict[str, str]] = {name: {} for name in names}  # cell -> model -> why it was brought back
         self.turn = 0
         self.live: dict[str, dict] = {}  # Tune trial id -> {cell, number, identity, ...}
         self.done: dict[tuple[str, str], dict] = {}  # (cell, identity) -> the outcome that counts for it
@@ -183,7 +186,7 @@ class CellSearcher(Searcher):
                 return True
             if self._busy(name):
                 return False
-            if not self._race(name):
+            if not (self._promote(name) or self._race(name)):
                 self.stage[name] = "done"
             return bool(self.queue[name])
         return False
@@ -249,18 +252,22 @@ class CellSearcher(Searcher):
     def _launch(self, info: dict, trial_id: str) -> dict:
         self.live[trial_id] = info
         self.ledger.append(self._record(info, Status.RUNNING))
+        # A cell that enumerates its distinct points trains each to the full budget: no early stopping there.
         return {"cell": info["cell"], "number": info["number"], "identity": info["identity"], "stage": info["stage"],
-                "overrides": [list(o) for o in info["overrides"]]}
+                "overrides": [list(o) for o in info["overrides"]], "early_stop": self.enumerated[info["cell"]] is None}
 
     # ---- confirmation -------------------------------------------------------------------------
 
     def _start_confirmation(self, name: str) -> None:
         """Exploration of `name` is over: queue its finalists' replicates (or close it without confirm)."""
         confirm = self.plan.confirm
-        if confirm is None:
-            self.stage[name] = "done"
-            return
         self.stage[name] = "confirm"
+        if confirm is None:  # no replicates; pruned trials may still be promoted to the full budget
+            for r in self.ledger.records():
+                if r.cell == name and r.note.startswith("promoted:") and r.model not in self.promoted[name]:
+                    self.promoted[name][r.model] = r.note
+                    self._enqueue(name, dict(r.overrides), self.plan.base_seeds[name], note=r.note)
+            return
         sign = 1.0 if self.plan.mode == "min" else -1.0
         explored = [o for (cell, _), o in self.done.items() if cell == name and o["info"]["stage"] == "explore"]
         ranked = sorted((o for o in explored if o["status"] == Status.COMPLETED and o["value"] is not None), key=lambda o: sign * o["value"])
@@ -279,16 +286,21 @@ class CellSearcher(Searcher):
         unique = {}
         for f in finalists:
             unique.setdefault(f["model"], {"searched": f["searched"], "model": f["model"], "uniform_pre": f["uniform_pre"]})
+        for r in self.ledger.records():  # models an earlier driver promoted stay finalists (a search rebuilt from its ledger)
+            if r.cell == name and r.note.startswith("promoted:") and r.model not in unique:
+                self.promoted[name][r.model] = r.note
+                unique[r.model] = {"searched": dict(r.overrides), "model": r.model, "uniform_pre": r.uniform_pre, "note": r.note}
         self.finalists[name] = list(unique.values())
         seeds = [self.plan.base_seeds[name] + i for i in range(confirm.seeds + 1)]
         self.extra_seeds[name] = confirm.seeds
         for finalist in self.finalists[name]:
             for seed in seeds:
-                self._enqueue(name, finalist["searched"], seed)
+                self._enqueue(name, finalist["searched"], seed, note=finalist.get("note", ""))
 
-    def _enqueue(self, name: str, searched: dict, seed: int) -> None:
+    def _enqueue(self, name: str, searched: dict, seed: int, note: str = "") -> None:
         """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
         info = self._new_info(name, searched, seed, "confirm")
+        info["note"] = note
         self._identify(info)
         self._adopt_orphan(info)
         key = (name, info["identity"])
@@ -300,6 +312,32 @@ class CellSearcher(Searcher):
             self.asked[name] -= 1
             return
         self.queue[name].append(info)
+
+    def _promote(self, name: str) -> bool:
+        """Bring back to a full-budget run every pruned exploration trial that was behind, where it was stopped,
+        by no more than a margin the cell's full-budget curves were overtaken by there: the evidence says it
+        could have ended ahead. A promoted model becomes a finalist (with the confirmation's seeds)."""
+        if self.plan.asha is None:
+            return False
+        from blockforge.search.rungs import pruned_checks
+
+        records = self.ledger.records()
+        checks = [c for c in pruned_checks(records, name, self.plan.metric, self.plan.mode) if c.inside]
+        promoted = self.promoted.setdefault(name, {})
+        queued = False
+        for check in checks:
+            if check.model in promoted:
+                continue
+            record = next(r for r in records if r.cell == name and r.trial == check.trial)
+            promoted[check.model] = (f"promoted: pruned at step {check.step} {check.margin:.3g} behind the best full-budget curve of its seed, "
+                                     f"inside the {check.crossing:.3g} by which full-budget curves were overtaken there")
+            self.finalists[name].append({"searched": dict(record.overrides), "model": check.model, "uniform_pre": record.uniform_pre,
+                                         "note": promoted[check.model]})
+            seeds = [self.plan.base_seeds[name] + i for i in range(1 + (self.extra_seeds[name] if self.plan.confirm else 0))]
+            for seed in seeds:
+                self._enqueue(name, dict(record.overrides), seed, note=promoted[check.model])
+            queued = True
+        return queued and bool(self.queue[name])
 
     def _race(self, name: str) -> bool:
         """When the two leaders are not yet separated, give them (and the Pre-LN reference) one more seed."""
@@ -337,6 +375,7 @@ class CellSearcher(Searcher):
 
     def _record(self, info: dict, status: str, **fields) -> TrialRecord:
         identity = info.get("identity", "")
+        fields["note"] = fields.get("note") or info.get("note", "")  # e.g. why a pruned model was brought back
         return TrialRecord(
             cell=info["cell"], trial=info["number"], status=status, stage=info["stage"], seed=info["seed"],
             model=info.get("model", ""), uniform_pre=info.get("uniform_pre", False), identity=identity,
@@ -355,6 +394,7 @@ class CellSearcher(Searcher):
 
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self.__dict__.setdefault("promoted", {name: {} for name in self.cells})  # a state saved before promotions existed
         self._take_in_ledger()
 
     def _take_in_ledger(self) -> None:
@@ -389,45 +429,75 @@ class CellSearcher(Searcher):
 
 
 class CellScheduler(FIFOScheduler):
-    """One ASHA per cell (created on a cell's first trial), keyed by the trial's config['cell']."""
+    """ASHA per cell over exploration trials, guarded against pruning what may still end ahead.
 
-    def __init__(self, plan: SearchPlan):
+    At each rung (grace, grace * rf, ... steps) a trial is compared with the cell's exploration trials
+    that reached the rung before it, as in ASHA: it is stopped only if it is outside the best 1/rf of them
+    *and* behind their cutoff by more than the rung's margin, the largest amount by which one of the
+    cell's full-budget curves (same seed) was behind another there and still ended ahead (at least
+    `asha.margin`). What the rungs hold is read from the trials' run folders, not kept in memory, so a
+    resumed search decides as the first driver would have. Confirmation trials, and exploration trials of
+    cells that enumerate their distinct points (config `early_stop` false), always run the full budget.
+    """
+
+    def __init__(self, plan: SearchPlan, search_dir: str):
         super().__init__()
         self.plan = plan
-        self.settings = dict(time_attr="step", metric=OBJECTIVE, mode=plan.mode, grace_period=plan.asha.grace_steps,
-                             reduction_factor=plan.asha.reduction_factor)
-        self.by_cell: dict[str, AsyncHyperBandScheduler] = {}
-
-    def _asha(self, trial) -> AsyncHyperBandScheduler:
-        cell = trial.config["cell"]
-        if cell not in self.by_cell:
-            self.by_cell[cell] = AsyncHyperBandScheduler(max_t=self.plan.steps[cell], **self.settings)
-        return self.by_cell[cell]
+        self.search_dir = str(search_dir)
+        self.ledger = Ledger(Path(search_dir) / "trials.jsonl")
+        self.rungs = {cell: asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.steps[cell]) for cell in plan.cell_names()}
+        self.passed: dict[str, set[int]] = {}  # Tune trial id -> rungs it has been judged at (this driver)
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True
 
     @staticmethod
     def _early_stoppable(trial) -> bool:
-        return trial.config.get("stage", "explore") == "explore"  # confirmation trials always run the full budget
-
-    def on_trial_add(self, tune_controller, trial) -> None:
-        if self._early_stoppable(trial):
-            self._asha(trial).on_trial_add(tune_controller, trial)
+        return trial.config.get("stage", "explore") == "explore" and trial.config.get("early_stop", True)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         if OBJECTIVE not in result or "step" not in result or not self._early_stoppable(trial):
             return TrialScheduler.CONTINUE
-        return self._asha(trial).on_trial_result(tune_controller, trial, result)
+        cell, step = trial.config["cell"], int(result["step"])
+        judged = self.passed.setdefault(trial.trial_id, set())
+        due = [rung for rung in self.rungs[cell] if rung <= step and rung not in judged]
+        if not due:
+            return TrialScheduler.CONTINUE
+        rung = max(due)
+        judged.update(due)
+        if result.get("diverged"):
+            return TrialScheduler.CONTINUE  # the trial ends by itself, as diverged
+        decision = self.decide(cell, trial.config["number"], rung, float(result[OBJECTIVE]))
+        return TrialScheduler.STOP if decision.stop else TrialScheduler.CONTINUE
 
-    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
-        if OBJECTIVE in (result or {}) and self._early_stoppable(trial):
-            self._asha(trial).on_trial_complete(tune_controller, trial, result)
+    def decide(self, cell: str, number: int, rung: int, value: float) -> "RungDecision":
+        """Whether exploration trial `number` of `cell`, at `value` on reaching `rung`, is stopped there."""
+        records = self.ledger.records()
+        sign = 1.0 if self.plan.mode == "min" else -1.0
+        others = []
+        for r in records:
+            if r.cell != cell or r.stage != "explore" or r.trial == number or not r.run_dir or r.status in (Status.DUPLICATE, Status.FAILED):
+                continue
+            curve = curve_of(r.run_dir, self.plan.metric)
+            reached = [s for s in curve if s >= rung]
+            if reached:
+                others.append(curve[min(reached)])
+        if not others:
+            return RungDecision(False, None, None)
+        ordered = sorted(sign * v for v in others)  # best first
+        cutoff = float(np.percentile(ordered, 100.0 / self.plan.asha.reduction_factor)) * sign  # ASHA's: keep the best 1/rf
+        behind = sign * (value - cutoff)
+        seed = self.plan.base_seeds[cell]
+        curves = [c for c in cell_curves(records, cell, self.plan.metric) if c.seed == seed]
+        floor = self.plan.asha.margin
+        if floor is None and len(curves) < 2:
+            return RungDecision(False, behind, None)  # nothing yet says how far the rung's ranking can be trusted
+        margin = max(floor or 0.0, rung_checks(curves, [rung], self.plan.mode)[0].largest)
+        return RungDecision(behind > margin, behind, margin)
 
-    def on_trial_remove(self, tune_controller, trial) -> None:
-        if self._early_stoppable(trial):
-            self._asha(trial).on_trial_remove(tune_controller, trial)
 
-    def debug_string(self) -> str:
-        return f"CellScheduler: ASHA per cell over {len(self.by_cell)} cells"
-
+@dataclass(frozen=True)
+class RungDecision:
+    stop: bool
+    behind: float | None  # behind the rung's cutoff by this much (negative: inside the best 1/rf); None: first at the rung
+    margin: float | None  # what it had to be behind by to be stopped (None: not stoppable yet, no full curves to judge by)

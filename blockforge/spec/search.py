@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,14 @@ class Objective:
 class Asha:
     grace_steps: int = 50
     reduction_factor: float = 3.0
+    # A trial is stopped at a rung only when behind the rung's cutoff by more than the largest margin by which
+    # full-budget curves of its cell (same seed) were overtaken there, and by more than `margin` (in the
+    # objective's units). Without `margin`, nothing is stopped until two full-budget curves can be compared.
+    margin: float | None = None
 
     def check(self, path: str) -> None:
+        if self.margin is not None and not (math.isfinite(self.margin) and self.margin >= 0):
+            raise SpecError(f"must be zero or more (in the objective's units), not {self.margin}", path=f"{path}.margin")
         if self.grace_steps < 1:
             raise SpecError(f"must be at least 1, not {self.grace_steps}", path=f"{path}.grace_steps")
         if self.reduction_factor <= 1:

@@ -63,3 +63,46 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
         value = value_of(config)
         searcher.on_trial_complete(trial_id, {OBJECTIVE: value, "val_loss": value, "step": steps})
     return handed
+
+
+def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=None) -> list[dict]:
+    """Run a CellSearcher and CellScheduler the way Tune does, one trial at a time, without Ray or training.
+
+    Every trial handed out "trains" along `curve(config) -> {step: value}`: each evaluation is written to its
+    run folder's metrics.jsonl and reported to the scheduler, which may stop it there (then it ends pruned);
+    otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
+    Returns the configs handed out."""
+    import json
+    from pathlib import Path
+
+    from ray.tune.search import Searcher
+
+    from blockforge.search.config import OBJECTIVE, trial_dir
+
+    class Trial:
+        def __init__(self, trial_id, config):
+            self.trial_id, self.config = trial_id, config
+
+    handed = []
+    for i in range(limit):
+        trial_id = f"c{i}"
+        config = searcher.suggest(trial_id)
+        if config == Searcher.FINISHED:
+            break
+        if config is None:
+            continue
+        handed.append(config)
+        run_dir = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"]))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result = {}
+        for step, value in sorted(curve(config).items()):
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "event": "eval", "val_loss": value}) + "\n")
+            result = {OBJECTIVE: value, "val_loss": value, "step": step}
+            searcher.on_trial_result(trial_id, result)
+            if scheduler.on_trial_result(None, Trial(trial_id, config), result) == "STOP":
+                break
+        searcher.on_trial_complete(trial_id, result)
+        if stop_after is not None and stop_after(handed):
+            break
+    return handed

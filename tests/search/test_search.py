@@ -61,25 +61,25 @@ def test_tpe_asha_search_completes_with_statuses_duplicates_and_reports(tmp_path
     assert "depth=2" in outcome.summary and "cannot decide" in outcome.summary
 
 
-def test_asha_compares_only_inside_a_cell(tmp_path, ray_session):
+def test_asha_compares_only_inside_a_cell(tmp_path):
     from blockforge.search.config import load_search
-    from blockforge.search.searcher import CellScheduler
+    from blockforge.search.searcher import CellScheduler, CellSearcher
 
-    plan = load_search(write_search(tmp_path))
-    scheduler = CellScheduler(plan)
+    from .conftest import drive_curves
 
-    class Trial:
-        def __init__(self, trial_id, cell):
-            self.trial_id, self.config = trial_id, {"cell": cell}
-
-    good_elsewhere, first, worse = Trial("b1", "depth=4"), Trial("a1", "depth=2"), Trial("a2", "depth=2")
-    for trial in (good_elsewhere, first, worse):
-        scheduler.on_trial_add(None, trial)
-    decide = lambda trial, value: scheduler.on_trial_result(None, trial, {"objective": value, "step": 10})  # noqa: E731
-    assert decide(good_elsewhere, 1.0) == "CONTINUE"
-    # One ASHA over both cells would stop this trial (1.0 is better); per cell it is the first at its rung.
-    assert decide(first, 5.0) == "CONTINUE"
-    assert decide(worse, 9.0) == "STOP"  # compared with its own cell's 5.0
+    # margin 0: plain ASHA once a rung has trials; alpha over [0, 1] at depths 2 and 4 is sampled, not enumerated
+    plan = load_search(write_search(tmp_path, space={"model.layers.mix_ln.alpha": {"uniform": [0.0, 1.0]}}, trials_per_cell=2,
+                                    scheduler={"asha": {"grace_steps": 10, "reduction_factor": 2, "margin": 0.0}}, baselines=[]))
+    search_dir = str(tmp_path / "search")
+    # depth 2 is far better at every step than depth 4; within depth 4 each later trial is worse at the rung
+    curve = lambda config: {10: (1.0 if config["cell"] == "depth=2" else 9.0) + config["number"], 30: 0.5}  # noqa: E731
+    drive_curves(CellSearcher(plan, search_dir), CellScheduler(plan, search_dir), curve)
+    records = Ledger(tmp_path / "search" / "trials.jsonl").records()
+    trained = [r for r in records if r.status in ("completed", "pruned")]
+    for cell in ("depth=2", "depth=4"):
+        mine = sorted((r for r in trained if r.cell == cell), key=lambda r: r.trial)
+        # the first trial of each cell is the first at its rung, however it compares with the other cell's
+        assert mine[0].status == "completed" and all(r.status == "pruned" for r in mine[1:]), [(r.trial, r.status) for r in mine]
 
 
 def test_diverged_trial_is_recorded_and_the_search_finishes(tmp_path, ray_session):

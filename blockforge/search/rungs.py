@@ -1,0 +1,240 @@
+"""Early stopping checked against full budgets: curves, rank agreement at each rung, crossings.
+
+A trial's curve is its run folder's evaluations (step -> metric). Confirmation trains several models of
+a cell to the full budget with the same seeds, so their curves say how far the ranking at an early
+step (an ASHA rung) can be trusted: Kendall tau between the ranking there and the final one, and the
+pairs that cross (behind at the rung, ahead at the end) with the margin they were behind by.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def curve_of(run_dir: str | Path, metric: str) -> dict[int, float]:
+    """step -> `metric` at every evaluation in the run folder's metrics.jsonl (the last line per step wins)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return dict(_read_curve(str(path), metric, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_curve(path: str, metric: str, mtime_ns: int, size: int) -> tuple[tuple[int, float], ...]:
+    """The curve of one version of a metrics file (the live view and the scheduler read the same files often)."""
+    curve: dict[int, float] = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if isinstance(event, dict) and event.get("event") == "eval" and isinstance(event.get(metric), (int, float)):
+            curve[int(event["step"])] = float(event[metric])
+    return tuple(sorted(curve.items()))
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a between two rankings of the same items (1: same order, -1: reversed); 1.0 below two items."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    if not pairs:
+        return 1.0
+    score = 0
+    for i, j in pairs:
+        product = (a[i] - a[j]) * (b[i] - b[j])
+        score += (product > 0) - (product < 0)
+    return score / len(pairs)
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """On one seed: `ahead` ended better than `behind_model` yet was behind it at the step, by `margin`."""
+
+    ahead: str
+    behind_model: str
+    seed: int
+    margin: float
+
+
+@dataclass
+class RungCheck:
+    """How far the ranking at `step` agrees with the final one, among a cell's full-budget curves."""
+
+    step: int
+    tau: float | None  # Kendall tau, mean over the seeds two or more candidates share; None without such a seed
+    seeds: int  # seeds that entered tau
+    pairs: int  # candidate pairs compared (over those seeds)
+    crossings: list[Crossing] = field(default_factory=list)
+
+    @property
+    def largest(self) -> float:
+        """The largest margin a candidate was behind by at this step and still ended ahead (0 without a crossing)."""
+        return max((c.margin for c in self.crossings), default=0.0)
+
+    def text(self) -> str:
+        tau = "no seed shared by two full curves" if self.tau is None else f"Kendall tau {self.tau:+.2f} over {self.seeds} seed(s)"
+        cross = f"{len(self.crossings)} of {self.pairs} pairs cross, by up to {self.largest:.3g}" if self.crossings else f"no pair of {self.pairs} crosses"
+        return f"step {self.step}: {tau}; {cross}"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A full-budget run of one model with one seed: its evaluations and its final value."""
+
+    model: str
+    seed: int
+    values: dict[int, float]
+    final: float
+
+
+def value_at(curve: dict[int, float], step: int) -> float | None:
+    """The curve's value at `step`, or at its last evaluation before it (None before the first)."""
+    earlier = [s for s in curve if s <= step]
+    return curve[max(earlier)] if earlier else None
+
+
+def rung_checks(curves: list[Curve], steps: list[int], mode: str) -> list[RungCheck]:
+    """Per step: rank agreement with the final values (Kendall tau) and the pairs that cross, seed by seed."""
+    sign = 1.0 if mode == "min" else -1.0
+    by_seed: dict[int, list[Curve]] = {}
+    for c in curves:
+        by_seed.setdefault(c.seed, []).append(c)
+    checks = []
+    for step in steps:
+        taus, pairs, crossings = [], 0, []
+        for seed, group in sorted(by_seed.items()):
+            at = [(c, value_at(c.values, step)) for c in group]
+            at = [(c, v) for c, v in at if v is not None]
+            if len(at) < 2:
+                continue
+            taus.append(kendall_tau([sign * v for _, v in at], [sign * c.final for c, _ in at]))
+            for (a, va), (b, vb) in itertools.combinations(at, 2):
+                pairs += 1
+                early, late = sign * (va - vb), sign * (a.final - b.final)
+                if early * late < 0:  # the order changed between the step and the end
+                    ahead, behind = (a, b) if late < 0 else (b, a)
+                    crossings.append(Crossing(ahead.model, behind.model, seed, abs(early)))
+        checks.append(RungCheck(step, sum(taus) / len(taus) if taus else None, len(taus), pairs, crossings))
+    return checks
+
+
+def margin_behind(value: float, step: int, seed: int, curves: list[Curve], mode: str, exclude: str = "") -> float | None:
+    """How far `value` at `step` is behind the best full-budget curve on the same seed there (negative: ahead)."""
+    sign = 1.0 if mode == "min" else -1.0
+    others = [value_at(c.values, step) for c in curves if c.seed == seed and c.model != exclude]
+    others = [v for v in others if v is not None]
+    if not others:
+        return None
+    best = min(others, key=lambda v: sign * v)
+    return sign * (value - best)
+
+
+def cell_curves(records: list, cell: str, metric: str) -> list[Curve]:
+    """Every full-budget run of `cell` (any stage) as a Curve of `metric`."""
+    from blockforge.train.events import Status
+
+    out = []
+    for r in records:
+        if r.cell == cell and r.status == Status.COMPLETED and r.value is not None and r.run_dir:
+            out.append(Curve(r.model or r.identity, r.seed, curve_of(r.run_dir, metric), r.value))
+    return out
+
+
+@dataclass(frozen=True)
+class PrunedCheck:
+    """A pruned exploration trial against the full-budget curves of its cell at the step where it stopped."""
+
+    trial: int
+    model: str
+    step: int
+    margin: float | None  # behind the best full-budget curve of its seed there (None: no such curve)
+    crossing: float  # the largest margin by which full-budget curves crossed at that step
+
+    @property
+    def inside(self) -> bool:
+        """Whether it was behind by no more than a margin that was overtaken: it could have ended ahead."""
+        return self.margin is not None and self.margin <= self.crossing and self.crossing > 0
+
+
+def pruned_checks(records: list, cell: str, metric: str, mode: str, curves: list[Curve] | None = None) -> list[PrunedCheck]:
+    """Each pruned exploration trial of `cell` whose model has no full-budget run, checked against the cell's curves."""
+    from blockforge.train.events import Status
+
+    curves = cell_curves(records, cell, metric) if curves is None else curves
+    finished = {c.model for c in curves}
+    out = []
+    for r in records:
+        if r.cell != cell or r.stage != "explore" or r.status != Status.PRUNED or (r.model or r.identity) in finished:
+            continue
+        value = value_at(curve_of(r.run_dir, metric), r.steps) if r.run_dir else None
+        value = r.value if value is None else value
+        if value is None:
+            continue
+        check = rung_checks(curves, [r.steps], mode)[0]
+        out.append(PrunedCheck(r.trial, r.model or r.identity, r.steps, margin_behind(value, r.steps, r.seed, curves, mode), check.largest))
+    return out
+
+
+def asha_rungs(grace: int, reduction_factor: float, max_steps: int) -> list[int]:
+    """The steps where ASHA compares trials: grace, grace * rf, ... below the full budget."""
+    steps, step = [], float(grace)
+    while step < max_steps:
+        steps.append(int(round(step)))
+        step *= reduction_factor
+    return steps
+
+
+@dataclass
+class CellRungs:
+    """What a cell's full-budget curves say about its early stopping."""
+
+    cell: str
+    rungs: list[int]  # ASHA's rung steps (none without a scheduler)
+    checks: list[RungCheck]  # at every evaluated step before the end
+    pruned: list[PrunedCheck]
+    promoted: dict[int, str]  # trial number of a promoted run -> why
+
+    def at(self, step: int) -> RungCheck | None:
+        return next((c for c in self.checks if c.step == step), None)
+
+    def first_agreeing_step(self) -> int | None:
+        """The first evaluated step from which on no pair of full-budget curves crossed."""
+        clear = None
+        for check in reversed(self.checks):
+            if check.crossings or check.tau is None:
+                break
+            clear = check.step
+        return clear
+
+    def advice(self) -> str:
+        """One sentence when the curves crossed at a rung: what that means for the pruned trials and what to change."""
+        crossed = [self.at(r) for r in self.rungs if self.at(r) is not None and self.at(r).crossings]
+        if not crossed:
+            return ""
+        check = crossed[0]
+        inside = [p for p in self.pruned if p.inside]
+        later = self.first_agreeing_step()
+        change = (f"raise scheduler.asha.grace_steps to {later} (from there on no pair crossed)" if later is not None
+                  else "no evaluated step before the end was free of crossings: search without a scheduler")
+        change += f", or scheduler.asha.margin above {check.largest:.3g}"
+        text = (f"{self.cell}: at the rung of step {check.step}, {len(check.crossings)} of {check.pairs} pairs of full-budget curves "
+                f"crossed (behind there by up to {check.largest:.3g}, ahead at the end)")
+        if inside:
+            text += f"; {len(inside)} pruned trial(s) were behind by less there and may have ended ahead"
+        if self.promoted:
+            text += f"; {len(self.promoted)} run(s) were promoted to the full budget"
+        return text + f"; to trust the rung, {change}."
+
+
+def cell_rungs(plan, records: list, cell: str) -> CellRungs:
+    curves = cell_curves(records, cell, plan.metric)
+    budget = plan.steps[cell]
+    steps = sorted({s for c in curves for s in c.values if s < budget})
+    rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, budget) if plan.asha is not None else []
+    promoted = {r.trial: r.note for r in records if r.cell == cell and r.note.startswith("promoted:")}
+    return CellRungs(cell, rungs, rung_checks(curves, steps, plan.mode), pruned_checks(records, cell, plan.metric, plan.mode, curves), promoted)
