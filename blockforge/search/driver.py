@@ -510,11 +510,13 @@ def damaged_tune_state(experiment: Path) -> Path | None:
                  experiment / "tuner.pkl"):
         try:
             with open(path, "rb") as f:
-                if path.suffix == ".json":
-                    json.load(f)
-                else:  # read the pickle's opcodes through to its end, running none of it
+                if f.read(1) == b"\x80":  # a pickle (Tune names some of its pickles .json): its opcodes to the end, none run
+                    f.seek(0)
                     for _ in pickletools.genops(f):
                         pass
+                else:
+                    f.seek(0)
+                    json.load(f)
         except FileNotFoundError:
             continue
         except Exception:  # cut short or garbled: any error of reading it back

@@ -83,6 +83,7 @@ def test_tune_state_cut_short_is_found_before_tune_reads_it(tmp_path):
     (tune / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trials": []}')
     (tune / "searcher-state-2026-01-01_00-00-00.pkl").write_bytes(pickle.dumps({"asked": {"depth=4": 3}}))
     (tune / "tuner.pkl").write_bytes(pickle.dumps({"a": 1}))
+    (tune / "search_gen_state-2026-01-01_00-00-00.json").write_bytes(pickle.dumps({"counter": 3}))  # Tune's: a pickle named .json
     assert damaged_tune_state(tune) is None
     newer = tune / "experiment_state-2026-01-02_00-00-00.json"  # the newest state is the one Tune restores
     newer.write_text('{"trials": [{"id": "ab')
