@@ -48,9 +48,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"family       {spec.family} (width {spec.width}, depth {spec.depth}, norm {spec.norm}, attention {spec.attention})")
     default_bias = get_family(spec.family).default_bias
     other = [f"{key} {getattr(spec, key)}" for key in ("qkv_bias", "proj_bias", "mlp_bias") if getattr(spec, key) != default_bias]
-    if spec.parametrization == "completep":
-        other.append(f"completep (base depth {spec.base_depth}, alpha {spec.depth_alpha:g}): branches x{spec.branch_multiplier:.4g}, "
-                     f"block lr x{spec.block_lr_scale:.4g}, block Adam eps x{spec.block_eps_scale:.4g}")
+    if spec.parametrization != "standard":
+        bases = [f"base width {spec.base_width} (m {spec.width_ratio:.4g})" if spec.width_ratio != 1.0 or spec.base_width else "",
+                 f"base depth {spec.base_depth}, alpha {spec.depth_alpha:g}" if spec.parametrization == "completep" else "",
+                 f"attention scale {spec.attention_scale}"]
+        other.append(f"{spec.parametrization} ({', '.join(b for b in bases if b)})")
     if spec.rope_scaling:
         other.append(f"rope scaling {spec.rope_scaling['type']} x{spec.rope_scaling['factor']:g}")
     if other:
@@ -58,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     print("placements   " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
     print(f"parameters   {total:,} ({human_count(total)}); blocks {blocks:,}, other {total - blocks:,}")
     print(f"arch hash    {spec.arch_hash()}")
+    if spec.parametrization != "standard":
+        print()
+        print(text_table([f"{spec.parametrization}: parameter group", "init std", "lr", "Adam eps", "weight decay", "forward"],
+                         spec.transfer_factors(), "lrrrrr"))
     states = 16 * total  # float32 weights and gradients, Adam's two moments
     room = machine_memory(torch.device("cpu"))
     if room is not None and states > room[0]:

@@ -202,6 +202,7 @@ def remote_config(model: nn.Module) -> dict:
         "rope_theta": spec.rope_theta,
         "rope_frequency_scaling": rope_scaling(spec),
         "tie_word_embeddings": model.head.weight is model.embed.weight,
+        "readout_multiplier": float(spec.readout_multiplier),  # muP: logits times 1/m
         "layers": [layer_config(block, layer, spec) for block, layer in zip(model.layers, spec.layers, strict=True)],
         "blockforge_arch_hash": spec.arch_hash(),
     }
@@ -242,6 +243,7 @@ def layer_config(block: nn.Module, layer: LayerSpec, spec: ResolvedSpec) -> dict
         "head_dim": attn.head_dim,
         "ffn": mlp.down.in_features,
         "window": attn.window,
+        "attention_scale": attn.scale,  # None: 1/sqrt(head_dim); else the scores' scale (muP)
         "qk_norm": head_norms["q_norm"],
         "v_norm": head_norms["v_norm"],
         "qkv_bias": attn.qkv.bias is not None,

@@ -192,6 +192,9 @@ def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
         "it normalizes queries, keys or values": layer0.qk_norm or layer0.v_norm,
         "it has layer scales": layer0.layer_scale is not None,
         f"its branches are scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
+        f"its logits are scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
+        f"its attention scores are scaled by {spec.attention_multiplier(layer0):.4g} beyond 1/sqrt(head_dim) (muP)":
+            spec.attention_multiplier(layer0) != 1.0,
         "its q/k/v and output biases differ (HF's attention_bias sets all four)": spec.qkv_bias != spec.proj_bias,
     }
     return [problem for problem, present in checks.items() if present]

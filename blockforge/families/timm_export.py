@@ -42,6 +42,9 @@ def spec_problems(spec: ResolvedSpec) -> list[str]:
         "grouped-query attention or a head_dim of its own": layer.kv_heads != layer.heads or layer.head_dim * layer.heads != spec.width,
         "value norms": layer.v_norm,
         "an MLP bias setting unlike the attention output's (timm's proj_bias sets both)": spec.proj_bias != spec.mlp_bias,
+        f"branches scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
+        f"logits scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
+        f"attention scores scaled by {spec.attention_multiplier(layer):.4g} beyond 1/sqrt(head_dim) (muP)": spec.attention_multiplier(layer) != 1.0,
     }
     return [problem for problem, present in problems.items() if present]
 

@@ -71,27 +71,33 @@ def causal_mask(queries: int, keys: int, past: int, window: int | None, device) 
     return allowed & (j > i - window) if window is not None else allowed
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
-    grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v not repeated for grouped-query attention
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
+          scale: float | None = None) -> torch.Tensor:
+    options = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v not repeated for grouped-query attention
+    if scale is not None:  # None: SDPA's own 1/sqrt(head_dim)
+        options["scale"] = scale
     if not causal or (window is None and past == 0):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **grouped)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **options)
     if window is None and q.shape[2] == 1:  # one new position sees every cached one
-        return F.scaled_dot_product_attention(q, k, v, **grouped)
+        return F.scaled_dot_product_attention(q, k, v, **options)
     mask = causal_mask(q.shape[2], k.shape[2], past, window, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **grouped)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
 
 
-def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
+           scale: float | None = None) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, S)
+    scores = q @ k.transpose(-2, -1)  # (B, nh, T, S)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device), float("-inf"))
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
 
 
-def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
+def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
+              scale: float | None = None) -> torch.Tensor:
     if q.device.type != "cuda":
         raise BlockforgeError("attention 'xformers' runs on CUDA only; set model.attention: sdpa (the default) for CPU")
     if window is not None or past or q.shape[1] != k.shape[1]:
@@ -101,7 +107,7 @@ def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, w
     except ImportError:
         raise BlockforgeError("attention 'xformers' needs the xformers package; pip install -e '.[gpu]', or set model.attention: sdpa") from None
     bias = xops.LowerTriangularMask() if causal else None
-    out = xops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    out = xops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias, scale=scale)
     return out.transpose(1, 2)
 
 
@@ -125,7 +131,8 @@ class _FusedFootprint(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _footprint(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0) -> torch.Tensor:
+def _footprint(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
+               scale: float | None = None) -> torch.Tensor:
     return _FusedFootprint.apply(q, k, v)
 
 
@@ -141,7 +148,8 @@ class Attention(nn.Module):
 
     def __init__(self, width: int, heads: int, *, bias: bool, causal: bool, backend: str, kv_heads: int | None = None,
                  head_dim: int | None = None, proj_bias: bool | None = None, window: int | None = None,
-                 head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False):
+                 head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False,
+                 score_multiplier: float = 1.0):
         super().__init__()
         self.width = width
         self.heads = heads
@@ -150,6 +158,8 @@ class Attention(nn.Module):
         self.causal = causal
         self.window = window
         self.kernel = ATTENTION_BACKENDS[backend]  # chosen once, at build
+        # scores are q.k / sqrt(head_dim), times score_multiplier (muP's 1/head_dim); None keeps each kernel's own default
+        self.scale = None if score_multiplier == 1.0 else score_multiplier / math.sqrt(self.head_dim)
         self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)
         self.q_norm = head_norm(self.head_dim) if qk_norm else None
@@ -189,9 +199,9 @@ class Attention(nn.Module):
             past = cache.keys.shape[2] if cache.keys is not None else 0
             k, v = cache.extend(k, v)
         if past:
-            y = _sdpa(q, k, v, self.causal, self.window, past)  # cached steps always take SDPA
+            y = _sdpa(q, k, v, self.causal, self.window, past, scale=self.scale)  # cached steps always take SDPA
         else:
-            y = self.kernel(q, k, v, self.causal, self.window)  # (B, heads, T, hs)
+            y = self.kernel(q, k, v, self.causal, self.window, scale=self.scale)  # (B, heads, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hd))
 
 

@@ -81,7 +81,7 @@ def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], c
 
     attn = Attention(spec.width, layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, bias=spec.qkv_bias,
                      proj_bias=spec.proj_bias, causal=causal, backend=spec.attention, window=layer.window, head_norm=norm,
-                     qk_norm=layer.qk_norm, v_norm=layer.v_norm)
+                     qk_norm=layer.qk_norm, v_norm=layer.v_norm, score_multiplier=spec.attention_multiplier(layer))
     scale = dict(layer_scale=layer.layer_scale, width=spec.width, branch_multiplier=spec.branch_multiplier)
     return Block(
         Residual(attn, attn_placement, norm, layer.index, spec.depth, **scale),
@@ -99,7 +99,7 @@ class Backbone(nn.Module):
         """Initialize every weight from `seed` (None: a seed drawn from torch's global generator); see nn.init."""
         draw = SeededInit(self, seed, truncated=self.truncated_init)
         for block, layer in zip(self.layers, self.spec.layers, strict=True):
-            std = self.spec.init_std * layer.init_scale
+            std = self.spec.init_std * layer.init_scale * self.spec.hidden_init_scale  # muP: hidden weights shrink with width
             attn, mlp = (get_placement(name).branch_init_gain(layer.index, self.spec.depth) for name in layer.placements)
             block.attn.branch.init_weights(draw, std, attn)
             block.mlp.branch.init_weights(draw, std, mlp)

@@ -38,8 +38,9 @@ class Llama(Backbone):
         return generate(self, tokens, max_new_tokens, **sampling)
 
     def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> logits (B, T, vocab)."""
-        return self.head(self.final_norm(x))
+        """(B, T, C) -> logits (B, T, vocab); under muP times the readout multiplier 1/m."""
+        logits = self.head(self.final_norm(x))
+        return logits * self.spec.readout_multiplier if self.spec.readout_multiplier != 1.0 else logits
 
     def init_outer_weights(self, draw: SeededInit) -> None:
         draw.normal(self.embed.weight, self.spec.embed_init_std)

@@ -36,8 +36,9 @@ class ViT(Backbone):
         return torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed, {}  # (B, N+1, C)
 
     def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N+1, C) -> logits (B, classes), from the class token."""
-        return self.head(self.final_norm(x)[:, 0])
+        """(B, N+1, C) -> logits (B, classes), from the class token; under muP times the readout multiplier 1/m."""
+        logits = self.head(self.final_norm(x)[:, 0])
+        return logits * self.spec.readout_multiplier if self.spec.readout_multiplier != 1.0 else logits
 
     def init_outer_weights(self, draw: SeededInit) -> None:
         draw.torch_default(self.patch_embed)  # the patch projection keeps PyTorch's Conv2d default, as timm's does

@@ -209,9 +209,12 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None
     init_std: float = 0.02
     embed_init_std: float = 0.02
-    parametrization: str = choice("standard", "completep", default="standard")  # completep: depth-muP (needs base_depth)
+    # standard | mup (width: needs base_width) | completep (depth: needs base_depth; and width too with base_width)
+    parametrization: str = choice("standard", "mup", "completep", default="standard")
     base_depth: int | None = None  # completep: the depth whose hyperparameters transfer
     depth_alpha: float = 1.0  # completep: branches scaled by (depth / base_depth)^-depth_alpha, in [0.5, 1]
+    base_width: int | None = None  # mup, completep: the width whose hyperparameters transfer (ignored under standard)
+    attention_scale: str = choice("sqrt", "inverse", default="sqrt")  # scores / sqrt(head_dim), or muP's 1/head_dim (see ResolvedSpec)
     # llama
     vocab: int | None = None
     context: int | None = None
@@ -239,7 +242,13 @@ class ModelSpec:
             raise SpecError(f"head_dim {self.head_dim} does not divide width {self.width}; give heads too for a head_dim of its own", path=at("head_dim"))
         if self.parametrization == "completep" and self.base_depth is None:
             raise SpecError("is required with parametrization completep (the depth whose hyperparameters transfer)", path=at("base_depth"))
+        if self.parametrization == "mup" and self.base_width is None:
+            raise SpecError("is required with parametrization mup (the width whose hyperparameters transfer)", path=at("base_width"))
+        if self.attention_scale == "inverse" and (self.base_width is None or self.parametrization == "standard"):
+            raise SpecError("inverse (muP's 1/head_dim) is relative to a base width: set parametrization mup or completep with base_width",
+                            path=at("attention_scale"))
         _check_positive(self.base_depth, at("base_depth"))
+        _check_positive(self.base_width, at("base_width"))
         if not 0.5 <= self.depth_alpha <= 1.0:
             raise SpecError(f"must lie in [0.5, 1], not {self.depth_alpha}", path=at("depth_alpha"))
         if self.ffn is not None and self.ffn_mult is not None:
@@ -342,6 +351,8 @@ class ResolvedSpec:
     parametrization: str = "standard"
     base_depth: int | None = None
     depth_alpha: float = 1.0
+    base_width: int | None = None
+    attention_scale: str = "sqrt"
     vocab: int | None = None
     context: int | None = None
     image_size: int | None = None
@@ -398,8 +409,49 @@ class ResolvedSpec:
 
     @property
     def depth_ratio(self) -> float:
-        """depth / base_depth under completep (1 under standard)."""
+        """depth / base_depth under completep (1 otherwise)."""
         return self.depth / self.base_depth if self.parametrization == "completep" else 1.0
+
+    @property
+    def width_ratio(self) -> float:
+        """m = width / base_width under mup, and under completep with a base width (1 otherwise)."""
+        return self.width / self.base_width if self.parametrization in ("mup", "completep") and self.base_width else 1.0
+
+    # muP's width rules (Yang et al. 2022, for Adam; CompleteP, Dey et al. 2025, Table 1), for m = width_ratio.
+    # Hidden weights are the blocks' matrices (q/k/v, attention output, MLP); the embedding (and vit's patch
+    # projection, class token and positions), biases, norm and layer-scale gains are vector-like and keep
+    # the base values; the readout (LM or class head) keeps its init and learning rate, and its output is
+    # multiplied by 1/m. Every factor is 1 at the base width.
+    @property
+    def hidden_init_scale(self) -> float:
+        """Init std of hidden weights times m^-1/2 (variance times base_width / width)."""
+        return self.width_ratio ** -0.5
+
+    @property
+    def hidden_lr_scale(self) -> float:
+        """Adam learning rate of hidden weights times 1/m."""
+        return 1.0 / self.width_ratio
+
+    @property
+    def hidden_eps_scale(self) -> float:
+        """Adam epsilon of hidden weights times 1/m (their gradients shrink as 1/m)."""
+        return 1.0 / self.width_ratio
+
+    @property
+    def hidden_wd_scale(self) -> float:
+        """AdamW weight decay of hidden weights times m, so that learning rate times decay stays as at the base."""
+        return self.width_ratio
+
+    @property
+    def readout_multiplier(self) -> float:
+        """The head's output times 1/m."""
+        return 1.0 / self.width_ratio
+
+    def attention_multiplier(self, layer: "LayerSpec") -> float:
+        """Attention scores of `layer` times this, beyond 1/sqrt(head_dim): with attention_scale inverse, muP's
+        1/head_dim written as sqrt(d0)/head_dim, d0 = head_dim * base_width / width (the head width at the base
+        width, heads kept as width grows); so the factor is m^-1/2, and 1 at the base width. With sqrt, 1."""
+        return self.width_ratio ** -0.5 if self.attention_scale == "inverse" else 1.0
 
     @property
     def branch_multiplier(self) -> float:
@@ -416,6 +468,19 @@ class ResolvedSpec:
         """CompleteP: Adam's epsilon for the blocks' parameters times (depth / base_depth)^-depth_alpha."""
         return self.depth_ratio ** -self.depth_alpha
 
+    def transfer_factors(self) -> list[list[str]]:
+        """Rows (parameter group, init std, learning rate, Adam eps, weight decay, forward multiplier): what the
+        parametrization multiplies each group's base setting by (per-layer init_scale and lr_mult come on top)."""
+        x = lambda v: f"x{v:.4g}"  # noqa: E731
+        return [
+            ["embedding (vit: patch projection, positions, class token)", x(1), x(1), x(1), x(1), x(1)],
+            ["hidden weights (the blocks' matrices)", x(self.hidden_init_scale), x(self.hidden_lr_scale * self.block_lr_scale),
+             x(self.hidden_eps_scale * self.block_eps_scale), x(self.hidden_wd_scale), f"branch x{self.branch_multiplier:.4g}"],
+            ["block vectors (norm gains, biases, layer scales)", x(1), x(self.block_lr_scale), x(self.block_eps_scale), "none", "-"],
+            ["attention scores (beyond 1/sqrt(head_dim))", "-", "-", "-", "-", x(self.attention_multiplier(self.layers[0]))],
+            ["readout (head)", x(1), x(1), x(1), x(1), x(self.readout_multiplier)],
+        ]
+
     def uniform_pre(self) -> bool:
         """Every sub-layer Pre-LN: the reference a search's verdicts compare with."""
         return all(layer.placements == ("pre", "pre") for layer in self.layers)
@@ -425,9 +490,11 @@ class ResolvedSpec:
         no file format, no attention kernel, and no setting the spec ignores (CompleteP's base depth and
         exponent under the standard parametrization, DyT's initial alpha without DyT norms)."""
         plain = canonical(self)
-        if self.parametrization == "standard":
+        if self.parametrization != "completep":  # the base depth applies to completep only, the base width to mup and completep
             plain.pop("base_depth", None)
             plain.pop("depth_alpha", None)
+        if self.parametrization == "standard":
+            plain.pop("base_width", None)
         if "dyt" not in {self.norm, *(layer.norm for layer in self.layers)}:
             plain.pop("dyt_alpha", None)
         return plain

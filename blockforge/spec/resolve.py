@@ -132,6 +132,8 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         parametrization=spec.parametrization,
         base_depth=spec.base_depth,
         depth_alpha=spec.depth_alpha,
+        base_width=spec.base_width,
+        attention_scale=spec.attention_scale,
         **biases,
     )
 

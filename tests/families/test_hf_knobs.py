@@ -55,6 +55,8 @@ CASES = {
     "none placement with layer scale": llama("none", layer_scale=0.5),
     "attn and mlp placements differ": llama(SubLayerPlacements(attn="sandwich", mlp="post")),
     "completep branch multiplier": llama(parametrization="completep", base_depth=1),
+    "mup readout and inverse attention scale": llama(parametrization="mup", base_width=8, attention_scale="inverse"),
+    "completep + mup, gqa": llama(parametrization="completep", base_depth=1, base_width=16, attention_scale="inverse", heads=4, kv_heads=2),
     "q/k/v biases only": llama(qkv_bias=True),
     "output and mlp biases": llama(mix=0.34, proj_bias=True, mlp_bias=True),
     "llama3 rope scaling": llama(mix=0.34, rope_scaling=LLAMA3),

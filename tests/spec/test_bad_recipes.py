@@ -107,7 +107,11 @@ CASES += [
     ("pattern without set", LAYERS + "{pattern: [{every: 2}]}\n", "model.layers.pattern[0].set"),
     ("completep without base depth", GOOD_MODEL + "  parametrization: completep\n", "model.base_depth"),
     ("depth alpha outside [0.5, 1]", GOOD_MODEL + "  parametrization: completep\n  base_depth: 2\n  depth_alpha: 0.3\n", "model.depth_alpha"),
-    ("unknown parametrization", GOOD_MODEL + "  parametrization: mup\n", "model.parametrization"),
+    ("unknown parametrization", GOOD_MODEL + "  parametrization: umup\n", "model.parametrization"),
+    ("mup without base width", GOOD_MODEL + "  parametrization: mup\n", "model.base_width"),
+    ("base width zero", GOOD_MODEL + "  parametrization: mup\n  base_width: 0\n", "model.base_width"),
+    ("inverse attention scale without a base width", GOOD_MODEL + "  attention_scale: inverse\n", "model.attention_scale"),
+    ("unknown attention scale", GOOD_MODEL + "  attention_scale: cubic\n", "model.attention_scale"),
 ]
 
 

@@ -3,7 +3,8 @@
 Nothing is inferred when the model is built: every layer lists its norm type, its attention (heads,
 key/value heads, head size, sliding window, per-head q/k/v norms, biases), its ffn width and MLP bias,
 and for each of its two sub-layers (attention, MLP) which norm slots are filled, the residual and
-input scales, whether it has a layer scale and its constant branch multiplier. The model fields have
+input scales, whether it has a layer scale and its constant branch multiplier; under muP the scores'
+scale of each layer and the readout multiplier of the logits. The model fields have
 no defaults, so config.json spells every one of them out; `rope_frequency_scaling` is null for plain RoPE.
 """
 
@@ -16,6 +17,7 @@ SLOTS = ("in_norm", "branch_norm", "out_norm")
 SUBLAYER_KEYS = {*SLOTS, "residual_scale", "input_scale", "layer_scale", "branch_multiplier"}
 LAYER_KEYS = {"placement", "norm", "heads", "kv_heads", "head_dim", "ffn", "window", "qk_norm", "v_norm", "qkv_bias", "proj_bias", "mlp_bias",
               "attn", "mlp"}
+OPTIONAL_LAYER_KEYS = {"attention_scale"}  # the scores' scale when not 1/sqrt(head_dim) (muP); exports before it lack the key
 ROPE_SCALING_KEYS = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_context"}
 REQUIRED = ("vocab_size", "hidden_size", "max_position_embeddings", "norm", "norm_eps", "final_norm", "rope_theta", "tie_word_embeddings")
 
@@ -35,6 +37,7 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
     rope_theta: float | None = None  # interleaved RoPE: pairs (2j, 2j+1) of each head
     rope_frequency_scaling: dict | None = None  # Llama-3's: {type: llama3, factor, low_freq_factor, high_freq_factor, original_context}
     tie_word_embeddings: bool | None = None
+    readout_multiplier: float = 1.0  # the logits times this (muP's 1/m)
     layers: list | None = None
     num_hidden_layers: int | None = None
     use_cache: bool = True
@@ -63,8 +66,9 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
         if scaling is not None and (set(scaling) != ROPE_SCALING_KEYS or scaling["type"] != "llama3"):
             raise ValueError(f"rope_frequency_scaling must be llama3's {sorted(ROPE_SCALING_KEYS)}, not {scaling}")
         for index, layer in enumerate(self.layers):
-            if set(layer) != LAYER_KEYS:
-                raise ValueError(f"layers[{index}] has keys {sorted(layer)}; expected {sorted(LAYER_KEYS)}")
+            if not LAYER_KEYS <= set(layer) <= LAYER_KEYS | OPTIONAL_LAYER_KEYS:
+                raise ValueError(f"layers[{index}] has keys {sorted(layer)}; expected {sorted(LAYER_KEYS)} (and optionally "
+                                 f"{sorted(OPTIONAL_LAYER_KEYS)})")
             if layer["norm"] not in NORMS:
                 raise ValueError(f"layers[{index}]: norm '{layer['norm']}' is not one of {', '.join(NORMS)}")
             if layer["heads"] % layer["kv_heads"]:

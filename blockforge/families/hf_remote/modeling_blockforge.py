@@ -135,6 +135,7 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_size = layer["heads"], layer["kv_heads"], layer["head_dim"]
         self.window = layer["window"]  # a causal sliding window of this many positions; None: global
+        self.scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
         self.layer_index = layer_index  # its place in the cache
         self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
@@ -159,7 +160,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_index)  # (B, kv_heads, past + T, hs): every key kept, the mask picks
         mask = masks[self.window]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.kv_heads != self.heads)
+        scale = {"scale": self.scale} if self.scale is not None else {}
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.kv_heads != self.heads,
+                                           **scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hs))
 
 
@@ -295,6 +298,8 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
                 states.append(x)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.head(self.final_norm(x[:, keep]))
+        if self.config.readout_multiplier != 1.0:  # muP
+            logits = logits * self.config.readout_multiplier
         loss = None
         if labels is not None:
             extra = {"num_items_in_batch": kwargs["num_items_in_batch"]} if "num_items_in_batch" in kwargs else {}
