@@ -27,13 +27,16 @@ class CoordRecord:
     change: dict[str, float] = field(default_factory=dict)  # where -> RMS of its change since step 0 (step > 0)
 
     def summary(self, kind: str = "change") -> dict[str, float]:
-        """embedding, mean over blocks of block outputs and branch outputs, logits."""
+        """embedding; the mean over blocks of block outputs (block) and of branch outputs (attn, mlp); the last
+        block's output (stream: what the head reads); logits."""
         values = self.rms if kind == "rms" else self.change
         out = {}
         for group in ("embedding", "block", "attn", "mlp", "logits"):
             picked = [v for k, v in values.items() if k == group or k.startswith(group + ".")]
             if picked:
                 out[group] = sum(picked) / len(picked)
+        if f"block.{self.depth - 1}" in values:
+            out["stream"] = values[f"block.{self.depth - 1}"]
         return out
 
 

@@ -107,3 +107,19 @@ def test_inspect_prints_every_factor_per_parameter_group(capsys):
     readout = next(line for line in out.splitlines() if line.startswith("readout"))
     assert readout.split()[-1] == "x0.25"
     assert "attention scores" in out and "x0.5" in next(line for line in out.splitlines() if line.startswith("attention scores"))
+
+
+def test_coordinate_check_across_depth_completep_bounded_standard_grows():
+    """The last block's output (what the head reads) after 3 Adam steps at lr 1e-2, depth 8 over depth 2 (width 64).
+
+    Measured: CompleteP 0.58x, standard 9.6x. CompleteP's stream shrinks somewhat with depth at these sizes (its
+    random branches, each scaled by B/L, add up to less at initialisation; see the README), so the bound is
+    [0.25, 2]; the standard stream's change grows with the number of branches that add to it: bound 2.5x."""
+    def change(depth, **extra):
+        spec = resolve(ModelSpec(family="llama", width=64, depth=depth, heads=4, ffn=128, vocab=64, context=16, **extra))
+        return coord_check(spec, steps=3, lr=1e-2)[-1].summary()["stream"]
+
+    completep = change(8, parametrization="completep", base_depth=2) / change(2, parametrization="completep", base_depth=2)
+    standard = change(8) / change(2)
+    assert 0.25 <= completep <= 2.0, completep
+    assert standard > 2.5, standard
