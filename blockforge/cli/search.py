@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli.common import add_set
+    from blockforge.cli.common import add_set, positive_int
 
     p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
     p.add_argument("file", help="a search YAML file (see searches/)")
@@ -14,6 +14,10 @@ def add_parser(sub) -> None:
     p.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port); default: start a local Ray")
     p.add_argument("--resume", action="store_true", help="continue the search in --out")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as resources allow)")
+    p.add_argument("--plan", action="store_true", help="print the compute plan (parameters, FLOPs, worst-case trials) and stop: no Ray, no training")
+    p.add_argument("--gpu", help="with --plan: a GPU type for GPU-hours and wall time (A100, H100, H200, L40S, B200, MI300X)")
+    p.add_argument("--gpus", type=positive_int, help="with --plan --gpu: GPUs the search has (default: one trial's)")
+    p.add_argument("--mfu", type=float, default=None, help="with --plan --gpu: the fraction of the dense bf16 peak reached (default 0.4)")
     add_set(p)
     p.set_defaults(func=run)
 
@@ -22,8 +26,21 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
+    from blockforge.errors import BlockforgeError
     from blockforge.search.driver import run_search
 
+    if not args.plan and (args.gpu or args.gpus or args.mfu is not None):
+        raise BlockforgeError("--gpu, --gpus and --mfu describe a compute plan: add --plan")
+    if args.plan:
+        from blockforge.search.config import load_search
+        from blockforge.search.plan import DEFAULT_MFU, format_plan, search_plan
+
+        if args.resume or args.address:
+            raise BlockforgeError("--plan runs nothing: drop --resume and --address")
+        plan = load_search(args.file, args.overrides)
+        print(format_plan(plan, search_plan(plan), gpu=args.gpu, gpus=args.gpus, mfu=DEFAULT_MFU if args.mfu is None else args.mfu,
+                          concurrency=args.max_concurrent or plan.max_concurrent))
+        return 0
     outcome = run_search(args.file, out=args.out, address=args.address, resume=args.resume, max_concurrent=args.max_concurrent,
                          overrides=args.overrides)
     print()

@@ -429,6 +429,9 @@ def run_search(
     from blockforge.search.preflight import memory_needs
 
     needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
+    from blockforge.search.plan import format_plan, search_plan
+
+    print(format_plan(plan, search_plan(plan)), flush=True)
     writable_folder(search_dir, "the search")
     # One driver per search folder, from before anything is written to the end of the reports (--resume too).
     lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()

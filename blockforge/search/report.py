@@ -288,6 +288,28 @@ def rung_line(plan: SearchPlan, records: list[TrialRecord], cell: str) -> str:
     return text + (f", {len(rungs.promoted)} promoted" if rungs.promoted else "")
 
 
+def compute_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
+    """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
+    from blockforge.search.plan import search_plan
+
+    rows = []
+    for cell in search_plan(plan):
+        trained = [r for r in records if r.cell == cell.cell and r.status in (Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.INTERRUPTED)]
+        steps = sum(r.steps for r in trained if r.stage == "explore") + sum(r.steps - _resumed_from(r, records) for r in trained if r.stage != "explore")
+        per_step = cell.trial_flops / plan.steps[cell.cell]
+        rows.append([cell.cell, cell.total_trials, f"{cell.total_flops:.3g}", len(trained), steps, f"{steps * per_step:.3g}",
+                     f"{sum(r.wall_s for r in trained):,.0f}"])
+    return markdown_table(["cell", "trials planned (at most)", "FLOPs planned (at most)", "trials trained", "steps trained", "FLOPs trained",
+                           "trial-seconds"], rows)
+
+
+def _resumed_from(record: TrialRecord, records: list[TrialRecord]) -> int:
+    """Steps a confirmation trial did not train itself: a promoted run continues its pruned exploration run."""
+    earlier = [r.steps for r in records if r.cell == record.cell and r.identity == record.identity and r.stage == "explore"
+               and r.status == Status.PRUNED]
+    return max(earlier, default=0)
+
+
 def budget_text(plan: SearchPlan) -> str:
     """'150 steps', or each cell's steps when cells differ."""
     budgets = set(plan.steps.values())
@@ -349,6 +371,14 @@ which pairs cross (behind there, ahead at the end). A pruned trial that was behi
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
 {early_stopping_section(plan, records)}
+## Compute: the plan beside what was trained
+
+Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and
+invalid points cost nothing), their steps, those steps' FLOPs at the cell's planned FLOPs per step, and
+the seconds their trials reported.
+
+{compute_section(plan, records)}
+
 ## alpha_opt(depth, width)
 
 Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws

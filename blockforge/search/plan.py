@@ -1,0 +1,147 @@
+"""Compute plans before launch: per cell and in total, what a search may cost, without Ray and without training.
+
+Per cell: the model's parameters (total, non-embedding), the FLOPs of one trial and the worst-case number
+of trials by stage. A trial's FLOPs (blockforge.nn.flops) are
+
+    steps * batch_size * 3 * F  +  evaluations * eval_batches * micro_batch * F
+
+with F the forward FLOPs of one sample (a sequence of `context` tokens, or one image), evaluations =
+steps / eval_every (at least the final one). A cell's points may differ in size (an FFN ramp, per-layer
+heads): the largest of its base point, its baselines and each searched value alone is used. Worst case by
+stage: exploration trials_per_cell (or the distinct points of an enumerated cell); confirmation every
+finalist (top + baselines + the Pre-LN reference) with `seeds` further seeds, plus finalists whose run was
+stopped early finishing it; racing (max_seeds - seeds) further seeds for the winner, the runner-up and
+the reference; promotion (sampled cells with a scheduler) every pruned exploration trial finishing with
+all seeds; transfer every target's candidates with their seeds. With --gpu, --gpus and --mfu: GPU-hours at
+that fraction of the GPU's dense bf16 peak, and the wall time if the trials could run back to back at the
+search's concurrency (a lower bound: confirmation waits for its cell's exploration).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from blockforge.errors import BlockforgeError
+from blockforge.search.config import SearchPlan
+from blockforge.tables import text_table
+
+# Dense bf16 tensor-core peaks (TFLOP/s), each from its vendor's datasheet; "with sparsity" figures are twice these.
+GPU_PEAKS = {
+    "A100": (312.0, "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS (624 with sparsity)"),
+    "H100": (989.0, "NVIDIA H100 Tensor Core GPU datasheet, SXM: BF16 1,979 TFLOPS with sparsity, 989 dense"),
+    "H200": (989.0, "NVIDIA H200 Tensor Core GPU datasheet, SXM: BF16 1,979 TFLOPS with sparsity, 989 dense"),
+    "L40S": (362.0, "NVIDIA L40S datasheet: BF16 362.05 TFLOPS (733 with sparsity)"),
+    "B200": (2250.0, "NVIDIA HGX B200 datasheet: FP16/BF16 4.5 PFLOPS with sparsity per GPU, 2.25 dense"),
+    "MI300X": (1307.0, "AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense"),
+}
+DEFAULT_MFU = 0.4  # ~1B-parameter bf16 training reaches 39-42% on H100-class GPUs (OLMo-core, llm-foundry)
+
+
+@dataclass
+class CellPlan:
+    cell: str
+    parameters: int
+    non_embedding: int
+    trial_flops: float
+    trials: dict[str, int]  # stage -> worst-case trials
+
+    @property
+    def total_trials(self) -> int:
+        return sum(self.trials.values())
+
+    @property
+    def total_flops(self) -> float:
+        return self.total_trials * self.trial_flops
+
+
+def trial_flops(recipe) -> tuple[int, int, float]:
+    """(parameters, non-embedding parameters, FLOPs of one trial) of `recipe`, from its model on the meta device."""
+    from blockforge.nn.build import build_model
+    from blockforge.nn.flops import model_costs
+
+    costs = model_costs(build_model(recipe.spec, device="meta"))
+    cfg = recipe.train
+    evaluations = max(1, cfg.steps // cfg.eval_every) if cfg.eval_every else 1
+    flops = cfg.steps * cfg.batch_size * costs.train_flops + evaluations * cfg.eval_batches * cfg.micro_batch * costs.forward_flops
+    return costs.parameters, costs.non_embedding, float(flops)
+
+
+def _probes(plan: SearchPlan, name: str) -> list[dict]:
+    """The points whose size is measured: the base point, the baselines, and each searched value alone."""
+    probes = [{}] + [dict(b) for b in plan.baselines]
+    for d in plan.dimensions_in(name):
+        if d.kind in ("uniform", "loguniform"):
+            values = [d.args[0], d.args[1]]
+        elif d.kind in ("int", "layers"):
+            values = [d.to_value(d.args[0]), d.to_value(d.args[1])]
+        else:
+            values = list(d.args)
+        probes += [{d.key: v} for v in values]
+    return probes
+
+
+def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
+    from blockforge.errors import SpecError
+
+    sizes = []
+    for probe in _probes(plan, name):
+        try:
+            sizes.append(trial_flops(plan.recipe(plan.trial_overrides(plan.cell(name), probe))))
+        except SpecError:
+            continue  # a point no model is built at (its trials fail, free)
+    parameters, non_embedding, flops = max(sizes, key=lambda s: s[2])
+    enumeration = plan.enumeration(name)
+    explore = min(plan.trials_per_cell, len(plan.first_points(name))) if enumeration is not None else plan.trials_per_cell
+    trials = {"explore": explore}
+    confirm = plan.confirm
+    pruning = plan.asha is not None and enumeration is None
+    if confirm is not None:
+        finalists = min(confirm.top + len(plan.baselines) + 1, explore + len(plan.baselines))
+        trials["confirm"] = finalists * confirm.seeds + (finalists if pruning else 0)
+        trials["racing"] = 3 * ((confirm.max_seeds or confirm.seeds) - confirm.seeds)
+    if pruning:
+        trials["promotion"] = explore * (1 + (confirm.seeds if confirm else 0))
+    return CellPlan(name, parameters, non_embedding, flops, trials)
+
+
+def search_plan(plan: SearchPlan) -> list[CellPlan]:
+    return [cell_plan(plan, name) for name in plan.cell_names()]
+
+
+def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = None, gpus: int | None = None, mfu: float = DEFAULT_MFU,
+                concurrency: int | None = None) -> str:
+    """The plan as text: a table per cell and the totals; with `gpu`, GPU-hours and wall time."""
+    stages = [s for s in ("explore", "confirm", "racing", "promotion", "transfer") if any(s in c.trials for c in cells)]
+    rows = [[c.cell, f"{c.parameters:,}", f"{c.non_embedding:,}", f"{c.trial_flops:.3g}", *(c.trials.get(s, 0) for s in stages),
+             c.total_trials, f"{c.total_flops:.3g}"] for c in cells]
+    total_flops = sum(c.total_flops for c in cells)
+    total_trials = sum(c.total_trials for c in cells)
+    rows.append(["total", "", "", "", *(sum(c.trials.get(s, 0) for c in cells) for s in stages), total_trials, f"{total_flops:.3g}"])
+    table = text_table(["cell", "parameters", "non-embedding", "FLOPs/trial", *stages, "trials (at most)", "FLOPs (at most)"], rows,
+                       "lrrr" + "r" * (len(stages) + 2))
+    lines = [f"Compute plan of {plan.name} (worst case; FLOPs as in blockforge.search.plan):", table]
+    if gpu is not None:
+        if gpu not in GPU_PEAKS:
+            raise BlockforgeError(f"--gpu {gpu}: unknown; choose one of {', '.join(GPU_PEAKS)} (dense bf16 peaks from their datasheets)")
+        if not 0 < mfu <= 1:
+            raise BlockforgeError(f"--mfu must be a fraction in (0, 1], not {mfu:g}")
+        peak, source = GPU_PEAKS[gpu]
+        per_trial = max(1, math.ceil(plan.resources.gpu)) if plan.resources.gpu else 1
+        available = gpus or per_trial
+        parallel = max(1, available // per_trial)
+        if concurrency is not None:
+            parallel = min(parallel, concurrency)
+        gpu_hours = total_flops / (peak * 1e12 * mfu) / 3600
+        wall = gpu_hours / (parallel * per_trial)
+        lines.append(f"On {available} x {gpu} at {mfu:.0%} MFU ({peak:g} TFLOP/s dense bf16 each; {source}): {gpu_hours:,.1f} GPU-hours; "
+                     f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(wall * 3600)} of wall time.")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
