@@ -36,7 +36,7 @@ def export_best(
     search_dir = Path(search_dir)
     plan = stored_plan(search_dir)
     records = Ledger(search_dir / "trials.jsonl").records()
-    name = _pick_cell(plan.cell_names(), cell, search_dir)
+    name = _pick_cell(plan.all_names(), cell, search_dir)
     evidence = evidence_by_cell(plan, records)[name]
     winner = evidence.winner
     if winner is not None:

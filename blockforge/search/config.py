@@ -11,7 +11,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile
+from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile, Transfer
 from blockforge.spec.strict import canonical, parse, stable_hash
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
@@ -202,12 +202,27 @@ class SearchPlan:
     depths: dict[str, int]  # per cell
     workdir: str  # the driver's working directory: relative data paths name files there, as for `blockforge train`
     inputs_hash: str  # see fingerprint()
+    targets: list[dict[str, Any]] = field(default_factory=list)  # transfer: the larger cells the answers are tested at
+    transfer: Transfer | None = None
 
     def cell_names(self) -> list[str]:
+        """The searched (proxy) cells."""
         return [cell_name(c) for c in self.cells]
 
+    def target_names(self) -> list[str]:
+        """The transfer stage's target cells."""
+        return [cell_name(t) for t in self.targets]
+
+    def all_names(self) -> list[str]:
+        return self.cell_names() + self.target_names()
+
     def cell(self, name: str) -> dict[str, Any]:
-        return self.cells[self.cell_names().index(name)]
+        everything = self.cells + self.targets
+        return everything[self.all_names().index(name)]
+
+    def resources_of(self, stage: str) -> Resources:
+        """What a trial of `stage` asks for: the transfer's own resources for target trials, when given."""
+        return self.transfer.resources if stage == "transfer" and self.transfer and self.transfer.resources else self.resources
 
     def trial_overrides(self, cell: dict[str, Any], params: dict[str, Any]) -> list[tuple[str, Any]]:
         return self.overrides + list(cell.items()) + list(params.items())
@@ -398,6 +413,32 @@ def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -
                 raise fail(f"no value builds a model in cell {name} (e.g. {values[0]!r}: {err.path + ': ' if err.path else ''}{err.message})", where)
 
 
+def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], checked, fail) -> list[dict]:
+    """The transfer stage's target cells: each sets exactly the cell keys, at a combination no proxy cell has."""
+    if spec.transfer is None:
+        return []
+    if MIX_LN_ALPHA not in [d.key for d in dimensions]:
+        raise fail(f"predicts Mix-LN's alpha at each target; the space must search {MIX_LN_ALPHA}", "transfer")
+    if not spec.cells:
+        raise fail("needs cells (the proxies the answers come from), e.g. cells: {model.depth: [4, 8, 16]}", "transfer")
+    names = {cell_name(c) for c in cells}
+    targets = []
+    for i, target in enumerate(spec.transfer.to):
+        where = f"transfer.to[{i}]"
+        if not isinstance(target, dict) or set(target) != set(spec.cells):
+            raise fail(f"must set exactly the cell keys ({', '.join(spec.cells)}), e.g. "
+                       f"{{{', '.join(f'{k}: ...' for k in spec.cells)}}}", where)
+        for key in target:
+            checked(key, f"{where}.{key}")
+        target = {key: target[key] for key in spec.cells}  # in the cells' order: its name reads like theirs
+        if cell_name(target) in names:
+            raise fail(f"{cell_name(target)} is a proxy cell already; a target is a size the search does not search", where)
+        if target in targets:
+            raise fail("lists the same target twice", where)
+        targets.append(target)
+    return targets
+
+
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str) -> SearchPlan:
     raw = read_yaml(path)
     spec = parse(SearchFile, raw)
@@ -450,10 +491,11 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         raise fail(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm", f"{where}.{SEED_KEY}")
 
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
-    # Pre-flight: the base with the fixed overrides, in every cell, with every baseline.
+    targets = _targets(spec, cells, dimensions, checked, fail)
+    # Pre-flight: the base with the fixed overrides, in every cell (and target), with every baseline.
     probes = [{}] + spec.baselines
     depths, seeds, steps, eval_every, warmup = {}, {}, {}, {}, {}
-    for cell in cells:
+    for cell in cells + targets:
         name = cell_name(cell)
         for probe in probes:
             try:
@@ -499,4 +541,5 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
+        targets=targets, transfer=spec.transfer,
     )

@@ -401,8 +401,16 @@ def _trainable(plan: SearchPlan, search_dir: Path):
 
     from blockforge.search.trials import run_trial
 
-    resources = {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu}
-    return tune.with_resources(tune.with_parameters(run_trial, plan=plan, search_dir=str(search_dir)), resources)
+    trainable = tune.with_parameters(run_trial, plan=plan, search_dir=str(search_dir))
+    if plan.transfer is None or plan.transfer.resources is None:
+        return tune.with_resources(trainable, {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu})
+    from ray.tune import PlacementGroupFactory
+
+    def resources(config: dict) -> PlacementGroupFactory:  # target trials take the transfer's own resources
+        res = plan.resources_of(config.get("stage", "explore"))
+        return PlacementGroupFactory([{"CPU": res.cpu, "GPU": res.gpu}])
+
+    return tune.with_resources(trainable, resources)
 
 
 def run_search(

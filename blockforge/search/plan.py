@@ -45,6 +45,7 @@ class CellPlan:
     non_embedding: int
     trial_flops: float
     trials: dict[str, int]  # stage -> worst-case trials
+    target: bool = False  # a transfer target
 
     @property
     def total_trials(self) -> int:
@@ -106,14 +107,21 @@ def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
 
 
 def search_plan(plan: SearchPlan) -> list[CellPlan]:
-    return [cell_plan(plan, name) for name in plan.cell_names()]
+    """Every proxy cell's plan, then each transfer target's: its candidates (the predicted k, 2 * neighbours around it
+    and Pre-LN, at most) with the transfer's seeds."""
+    cells = [cell_plan(plan, name) for name in plan.cell_names()]
+    for name in plan.target_names():
+        full = cell_plan(plan, name)
+        trials = {"transfer": (2 * plan.transfer.neighbours + 2) * plan.transfer.seeds}
+        cells.append(CellPlan(name, full.parameters, full.non_embedding, full.trial_flops, trials, target=True))
+    return cells
 
 
 def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = None, gpus: int | None = None, mfu: float = DEFAULT_MFU,
                 concurrency: int | None = None) -> str:
     """The plan as text: a table per cell and the totals; with `gpu`, GPU-hours and wall time."""
     stages = [s for s in ("explore", "confirm", "racing", "promotion", "transfer") if any(s in c.trials for c in cells)]
-    rows = [[c.cell, f"{c.parameters:,}", f"{c.non_embedding:,}", f"{c.trial_flops:.3g}", *(c.trials.get(s, 0) for s in stages),
+    rows = [[c.cell + (" (target)" if c.target else ""), f"{c.parameters:,}", f"{c.non_embedding:,}", f"{c.trial_flops:.3g}", *(c.trials.get(s, 0) for s in stages),
              c.total_trials, f"{c.total_flops:.3g}"] for c in cells]
     total_flops = sum(c.total_flops for c in cells)
     total_trials = sum(c.total_trials for c in cells)

@@ -37,8 +37,9 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
 
     needs: dict[str, int] = {}
     planned: dict[str, int] = {}
-    for cell in plan.cells:
+    for cell in plan.cells + plan.targets:
         name = cell_name(cell)
+        gpus = plan.resources_of("transfer" if cell in plan.targets else "explore").data_parallel
         for probe in _probes(plan):
             try:
                 recipe = plan.recipe(plan.trial_overrides(cell, probe))
@@ -48,7 +49,7 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
             key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel])
             if key not in planned:
                 try:
-                    planned[key] = int(memory_plan(recipe, gpus=plan.resources.data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)
+                    planned[key] = int(memory_plan(recipe, gpus=gpus, sharded=train.parallel == "fsdp").total_per_gpu)
                 except SpecError as err:
                     what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
                     raise SpecError(f"{what}: {err.message}", file=plan.file) from None
@@ -72,12 +73,19 @@ def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None) 
 
 def check_nodes(plan: SearchPlan, needs: dict[str, int], nodes: list[dict], gpu_memory: int | None) -> None:
     """The checks of check_cluster on `nodes` (ray.nodes() entries) and the memory of one GPU, if known."""
-    res = plan.resources
+    targets = set(plan.target_names())
+    _check_nodes(plan, plan.resources, "resources", {n: v for n, v in needs.items() if n not in targets}, nodes, gpu_memory)
+    if targets:
+        where = "transfer.resources" if plan.transfer.resources else "resources"
+        _check_nodes(plan, plan.resources_of("transfer"), where, {n: v for n, v in needs.items() if n in targets}, nodes, gpu_memory)
+
+
+def _check_nodes(plan: SearchPlan, res, where_set: str, needs: dict[str, int], nodes: list[dict], gpu_memory: int | None) -> None:
     fitting = [n for n in nodes if n["Resources"].get("CPU", 0) >= res.cpu and n["Resources"].get("GPU", 0) >= res.gpu]
     if not fitting:
         listing = "; ".join(_describe(n) for n in nodes) or "none alive"
         raise SpecError(f"a trial asks for {res.cpu:g} CPU and {res.gpu:g} GPU, but no node of the Ray cluster has that "
-                        f"(nodes: {listing}); lower resources.cpu / resources.gpu, or add a node that has them", path="resources", file=plan.file)
+                        f"(nodes: {listing}); lower {where_set}.cpu / {where_set}.gpu, or add a node that has them", path=where_set, file=plan.file)
     if res.gpu == 0:
         room = max(n["Resources"].get("memory", 0) for n in fitting)
         where, processes = "memory of the largest node that fits the trial", res.data_parallel

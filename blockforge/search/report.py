@@ -36,7 +36,11 @@ def min_seeds(plan: SearchPlan) -> int:
 
 
 def evidence_by_cell(plan: SearchPlan, records: list[TrialRecord]) -> dict[str, CellEvidence]:
-    return {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
+    """Every cell's evidence, the transfer's targets included (their candidates have the transfer's seeds)."""
+    evidence = {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
+    for target in plan.target_names():
+        evidence[target] = cell_evidence(records, target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
+    return evidence
 
 
 def other_keys(plan: SearchPlan) -> list[str]:
@@ -310,6 +314,37 @@ def _resumed_from(record: TrialRecord, records: list[TrialRecord]) -> int:
     return max(earlier, default=0)
 
 
+def transfer_section(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence]) -> tuple[str, list[str], list[dict]]:
+    """The transfer stage per target: prediction, candidates, held or not, verdict, and compute against a full search
+    of the target. Returns the markdown, one console line per target and the records for transfer.json."""
+    from blockforge.search.plan import cell_plan
+    from blockforge.search.transfer import judge, predict
+
+    parts, lines, data = [], [], []
+    for target in plan.target_names():
+        prediction = predict(plan, records, target)
+        if prediction is None:
+            parts.append(f"### {target}\n\nNo proxy cell has a winner yet: nothing to predict.\n")
+            continue
+        outcome = judge(plan, records, prediction)
+        full = cell_plan(plan, target)
+        mine = [r for r in records if r.cell == target and r.status in (Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED, Status.PRUNED)]
+        spent = sum(r.steps for r in mine) * full.trial_flops / plan.steps[target]
+        compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
+                   f"({full.total_trials} trials at most, {full.total_flops:.3g} FLOPs)")
+        table = candidate_table(plan, evidence[target]) if evidence[target].candidates else "(no candidate has finished)"
+        parts.append(f"### {target}\n\nPredicted: {prediction.text()}; other searched values from {prediction.nearest}: "
+                     f"{prediction.searched or 'none'}.\n\n{table}\n\n**{outcome.outcome}**: {outcome.detail}. The predicted k against "
+                     f"Pre-LN here: {outcome.versus_pre}. Compute: {compute}.\n")
+        lines.append(f"{target}: predicted k={prediction.k} ({prediction.source.split(' (')[0]}), best k={outcome.observed}: {outcome.outcome}; "
+                     f"against Pre-LN: {outcome.versus_pre}; compute {spent / full.total_flops:.0%} of a full search")
+        data.append({"target": target, "depth": prediction.depth, "width": prediction.width, "predicted_alpha": prediction.alpha,
+                     "predicted_k": prediction.k, "interval": [prediction.low, prediction.high], "source": prediction.source,
+                     "nearest": prediction.nearest, "searched": prediction.searched, "observed_k": outcome.observed, "outcome": outcome.outcome,
+                     "versus_pre_ln": outcome.versus_pre, "detail": outcome.detail, "flops_spent": spent, "flops_full_search": full.total_flops})
+    return "\n".join(parts), lines, data
+
+
 def budget_text(plan: SearchPlan) -> str:
     """'150 steps', or each cell's steps when cells differ."""
     budgets = set(plan.steps.values())
@@ -339,6 +374,11 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    transfer_markdown, transfer_lines, transfer_data = transfer_section(plan, records, evidence) if plan.targets else ("", [], [])
+    if plan.targets:
+        atomic_write_json(search_dir / "transfer.json", transfer_data)
+        transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
+                             f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
     curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
     views = (f"Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, "
@@ -371,7 +411,7 @@ which pairs cross (behind there, ahead at the end). A pruned trial that was behi
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
 {early_stopping_section(plan, records)}
-## Compute: the plan beside what was trained
+{transfer_markdown}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and
 invalid points cost nothing), their steps, those steps' FLOPs at the cell's planned FLOPs per step, and
@@ -390,4 +430,4 @@ below are fitted to k/L.
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (cell_rungs(plan, records, cell).advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return console + "\n\n" + "\n".join(claims + advice) + "\n\n" + verdict_line
+    return console + "\n\n" + "\n".join(claims + advice) + "\n\n" + verdict_line + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else "")

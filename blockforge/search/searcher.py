@@ -65,6 +65,7 @@ class CellSearcher(Searcher):
         self.search_dir = str(search_dir)
         self.ledger = Ledger(Path(search_dir) / "trials.jsonl")
         names = plan.cell_names()
+        self.targets = plan.target_names()  # the transfer stage's cells: no sampler, trained once the proxies are done
         records = self.ledger.records() if from_ledger else []
         first = {name: self._first_points(name, records) for name in names}
         self.cells = {
@@ -74,14 +75,16 @@ class CellSearcher(Searcher):
             )
             for i, name in enumerate(names)
         }
-        self.asked = dict.fromkeys(names, 0)  # trial numbers handed out (sampler asks and confirmation trials)
-        self.runs = dict.fromkeys(names, 0)  # exploration trials sent to train: the budget
+        everything = names + self.targets
+        self.asked = dict.fromkeys(everything, 0)  # trial numbers handed out (sampler asks, confirmation and transfer trials)
+        self.runs = dict.fromkeys(everything, 0)  # exploration trials sent to train: the budget
         # A cell whose distinct points fit its budget enumerates them (first_points) and asks no more.
         self.enumerated = {name: len(first[name]) if plan.enumeration(name) is not None else None for name in names}
         self.explore_asks = dict.fromkeys(names, 0)
         self.free_streak = dict.fromkeys(names, 0)  # asks in a row that needed no training
-        self.stage = dict.fromkeys(names, "explore")  # explore -> confirm -> done
-        self.queue: dict[str, list[dict]] = {name: [] for name in names}  # confirmation trials not started yet
+        # explore -> confirm -> done; a target: waiting -> transfer -> done
+        self.stage = {**dict.fromkeys(names, "explore"), **dict.fromkeys(self.targets, "waiting")}
+        self.queue: dict[str, list[dict]] = {name: [] for name in everything}  # confirmation (or transfer) trials not started yet
         self.finalists: dict[str, list[dict]] = {name: [] for name in names}  # {searched, model} per finalist
         self.extra_seeds = dict.fromkeys(names, 0)  # further seeds given to a cell's finalists so far
         self.promoted: dict[str, dict[str, str]] = {name: {} for name in names}  # cell -> model -> why it was brought back
@@ -122,7 +125,7 @@ class CellSearcher(Searcher):
         return True  # everything comes from the plan
 
     def suggest(self, trial_id: str) -> dict | None:
-        names = list(self.cells)
+        names = list(self.cells) + self.targets
         for _ in range(len(names) * (FREE_ASKS_IN_A_ROW + 2)):
             ready = [n for n in names if self._ready(n)]
             if not ready:
@@ -172,6 +175,8 @@ class CellSearcher(Searcher):
 
     def _ready(self, name: str) -> bool:
         """Whether cell `name` has a trial to hand out now; moves it to its next stage when one ends."""
+        if name in self.targets:
+            return self._ready_target(name)
         if self.stage[name] == "explore":
             enumerated = self.enumerated[name]
             if enumerated is not None and self.explore_asks[name] >= enumerated:
@@ -190,6 +195,35 @@ class CellSearcher(Searcher):
                 self.stage[name] = "done"
             return bool(self.queue[name])
         return False
+
+    def _ready_target(self, name: str) -> bool:
+        """A target waits for every proxy cell, then trains its candidates around the predicted k."""
+        if self.stage[name] == "waiting":
+            if any(self.stage[proxy] != "done" for proxy in self.cells):
+                return False
+            self._start_transfer(name)
+        if self.queue[name]:
+            return True
+        if not self._busy(name):
+            self.stage[name] = "done"
+        return False
+
+    def _start_transfer(self, name: str) -> None:
+        from blockforge.search.config import MIX_LN_ALPHA
+        from blockforge.search.transfer import predict
+        from blockforge.spec.resolve import mix_ln_count
+
+        self.stage[name] = "transfer"
+        prediction = predict(self.plan, self.ledger.records(), name)
+        if prediction is None:
+            return  # no proxy cell has a winner: nothing to test
+        alpha = next(d for d in self.plan.dimensions if d.key == MIX_LN_ALPHA)
+        highest = mix_ln_count(max(v for v in alpha.args if isinstance(v, (int, float))), prediction.depth)
+        note = f"transfer: predicted {prediction.text()}"
+        for k in prediction.candidates(self.plan.transfer.neighbours, highest):
+            searched = {MIX_LN_ALPHA: k / prediction.depth, **prediction.searched}
+            for i in range(self.plan.transfer.seeds):
+                self._enqueue(name, searched, self.plan.base_seeds[name] + i, note=note, stage="transfer")
 
     def _busy(self, name: str) -> bool:
         return any(info["cell"] == name for info in self.live.values()) or any(cell == name and twins for (cell, _), twins in self.waiting.items())
@@ -254,7 +288,7 @@ class CellSearcher(Searcher):
         self.ledger.append(self._record(info, Status.RUNNING))
         # A cell that enumerates its distinct points trains each to the full budget: no early stopping there.
         return {"cell": info["cell"], "number": info["number"], "identity": info["identity"], "stage": info["stage"],
-                "overrides": [list(o) for o in info["overrides"]], "early_stop": self.enumerated[info["cell"]] is None}
+                "overrides": [list(o) for o in info["overrides"]], "early_stop": self.enumerated.get(info["cell"]) is None}
 
     # ---- confirmation -------------------------------------------------------------------------
 
@@ -297,9 +331,9 @@ class CellSearcher(Searcher):
             for seed in seeds:
                 self._enqueue(name, finalist["searched"], seed, note=finalist.get("note", ""))
 
-    def _enqueue(self, name: str, searched: dict, seed: int, note: str = "") -> None:
+    def _enqueue(self, name: str, searched: dict, seed: int, note: str = "", stage: str = "confirm") -> None:
         """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
-        info = self._new_info(name, searched, seed, "confirm")
+        info = self._new_info(name, searched, seed, stage)
         info["note"] = note
         self._identify(info)
         self._adopt_orphan(info)
@@ -395,6 +429,7 @@ class CellSearcher(Searcher):
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
         self.__dict__.setdefault("promoted", {name: {} for name in self.cells})  # a state saved before promotions existed
+        self.__dict__.setdefault("targets", [])  # ...or before transfer
         self._take_in_ledger()
 
     def _take_in_ledger(self) -> None:

@@ -139,8 +139,9 @@ def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
-    workers = plan.resources.data_parallel
-    torch.set_num_threads(max(1, int(plan.resources.cpu) // workers))
+    resources = plan.resources_of(config.get("stage", "explore"))
+    workers = resources.data_parallel
+    torch.set_num_threads(max(1, int(resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])
     run_dir = trial_dir(search_dir, config["cell"], config["identity"])
     finished = run_dir / "result.json"

@@ -133,6 +133,24 @@ class Confirm:
 
 
 @dataclass(kw_only=True)
+class Transfer:
+    """After the proxy cells: each target (a combination of the cell keys at a larger size) trains the predicted
+    Mix-LN k, `neighbours` k on each side and Pre-LN, with `seeds` paired seeds each at the full budget."""
+
+    to: list[dict[str, Any]] = field(metadata={"help": "target cells, e.g. [{model.width: 256, model.depth: 24}]"})
+    seeds: int = 3
+    neighbours: int = 1
+    resources: Resources | None = None  # per target trial (default: the search's)
+
+    def check(self, path: str) -> None:
+        if not self.to:
+            raise SpecError("lists no target; give e.g. to: [{model.width: 256, model.depth: 24}]", path=f"{path}.to")
+        if self.seeds < 2:
+            raise SpecError(f"must be at least 2 (a paired interval needs two seeds), not {self.seeds}", path=f"{path}.seeds")
+        _at_least(self.neighbours, 0, f"{path}.neighbours")
+
+
+@dataclass(kw_only=True)
 class SearchFile:
     base: str = field(metadata={"help": "the base recipe, relative to the search file"})
     name: str | None = None
@@ -149,6 +167,7 @@ class SearchFile:
     resources: Resources = field(default_factory=Resources)
     max_concurrent: int | None = None
     confirm: Confirm | None = None
+    transfer: Transfer | None = None
 
     def check(self, path: str) -> None:  # the root of a search file: key paths start here
         if self.name is not None and (not SAFE_NAME.fullmatch(self.name) or ".." in self.name):

@@ -60,6 +60,13 @@ CASES = {
                                         f"space.{LR}.choice"),
     "a cell where no value builds": ({"cells": {"model.width": [36, 40, 44]}, "space": {"model.heads": {"choice": [9, 5]}}, "baselines": []}, [],
                                      "cell width=44"),
+    # the transfer stage's targets are sizes of the cell keys the search does not search
+    "transfer target with another key": ({"transfer": {"to": [{"model.width": 64}]}}, [], "transfer.to[0]"),
+    "transfer target that is a proxy cell": ({"transfer": {"to": [{"model.depth": 4}]}}, [], "transfer.to[0]"),
+    "transfer with one seed": ({"transfer": {"to": [{"model.depth": 8}], "seeds": 1}}, [], "transfer.seeds"),
+    "transfer without alpha searched": ({"space": {LR: {"loguniform": [1e-3, 1e-2]}}, "baselines": [], "transfer": {"to": [{"model.depth": 8}]}}, [],
+                                        "transfer"),
+    "transfer target larger than the node": ({"cells": {"model.width": [32]}, "transfer": {"to": [{"model.width": 10**6}]}}, [], "width=1000000"),
     # the objective is something the family reports
     "val_acc on a llama search": ({"objective": {"metric": "val_acc"}}, [], "objective.metric"),
     # a key is fixed, varied by cells, or searched: one of these
