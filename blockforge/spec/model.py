@@ -13,6 +13,7 @@ from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
+from blockforge.spec.fields import LAYER_FIELDS, LayerField, rampable
 from blockforge.spec.placements import PLACEMENTS
 from blockforge.spec.strict import UNSET, canonical, choice, stable_hash
 
@@ -46,48 +47,39 @@ class SubLayerPlacements:
         _check_placement(self.mlp, f"{path}.mlp")
 
 
-@dataclass(kw_only=True)
-class LayerSettings:
-    """Per-layer fields; unset fields keep what earlier rules gave the layer.
+def _settings_check(self, path: str) -> None:
+    if isinstance(self.placement, str):
+        _check_placement(self.placement, f"{path}.placement")
+    for f in LAYER_FIELDS:
+        value = getattr(self, f.name)
+        if value is not UNSET:
+            f.check(value, f"{path}.{f.name}")
 
-    `window` and `layer_scale` are null when off, so for them "not given" is a separate state (UNSET).
-    """
 
-    placement: str | SubLayerPlacements | None = None
-    heads: int | None = None
-    kv_heads: int | None = None  # key/value heads (grouped-query attention); must divide heads
-    head_dim: int | None = None  # per-head width (default width / heads)
-    ffn: int | None = None
-    window: int | None = UNSET  # a causal sliding window of this many positions (itself included); null: global
-    norm: str | None = choice(*NORMS, default=None)  # this layer's norms (default: the model's)
-    qk_norm: bool | None = None  # normalize queries and keys per head, before RoPE
-    v_norm: bool | None = None  # normalize values per head (HybridNorm's QKV-norm, with qk_norm)
-    layer_scale: float | None = UNSET  # a per-channel gain on each branch's output, initialized to this; null: none
-    init_scale: float | None = None  # multiplies the init std of the layer's linear weights
-    lr_mult: float | None = None  # multiplies the learning rate of the layer's parameters
+def _settings_assigned(self) -> dict:
+    """The fields this entry sets, as resolved values (a placement pair becomes placement + mlp_placement)."""
+    out = {f.name: getattr(self, f.name) for f in LAYER_FIELDS if getattr(self, f.name) is not (UNSET if f.nullable else None)}
+    if isinstance(self.placement, SubLayerPlacements):
+        out.update(placement=self.placement.attn, mlp_placement=self.placement.mlp)
+    elif self.placement is not None:
+        out.update(placement=self.placement, mlp_placement=None)
+    return out
 
-    def check(self, path: str) -> None:
-        if isinstance(self.placement, str):
-            _check_placement(self.placement, f"{path}.placement")
-        for key in ("heads", "kv_heads", "head_dim", "ffn", "window", "init_scale"):
-            _check_positive(getattr(self, key), f"{path}.{key}")
-        _check_positive(self.lr_mult, f"{path}.lr_mult", allow_zero=True)
-        if self.layer_scale is not UNSET and self.layer_scale is not None and self.layer_scale < 0:
-            raise SpecError(f"must be zero or more (the gain's initial value), or null for none, not {self.layer_scale}", path=f"{path}.layer_scale")
 
-    def assigned(self) -> dict:
-        """The fields this entry sets, as resolved values (a placement pair becomes placement + mlp_placement)."""
-        out = {}
-        for f in dataclasses.fields(LayerSettings):
-            value = getattr(self, f.name)
-            if f.name in ("window", "layer_scale") and value is not UNSET or f.name not in ("window", "layer_scale") and value is not None:
-                out[f.name] = value
-        placement = out.pop("placement", None)
-        if isinstance(placement, SubLayerPlacements):
-            out.update(placement=placement.attn, mlp_placement=placement.mlp)
-        elif placement is not None:
-            out.update(placement=placement, mlp_placement=None)
-        return out
+def _authored_field(f: LayerField) -> tuple:
+    """A declared field in the authoring form: optional; unset is None, or UNSET where null is a value of its own."""
+    default = UNSET if f.nullable else None
+    metadata = {"help": f.help, **({"choices": f.choices} if f.choices else {})}
+    return f.name, f.kind | None, field(default=default, metadata=metadata)
+
+
+# Per-layer fields (spec/fields.py declares them); unset fields keep what earlier rules gave the layer.
+LayerSettings = dataclasses.make_dataclass(
+    "LayerSettings", [("placement", str | SubLayerPlacements | None, field(default=None)), *map(_authored_field, LAYER_FIELDS)],
+    namespace={"check": _settings_check, "assigned": _settings_assigned, "__module__": __name__,
+               "__doc__": "Per-layer fields (spec/fields.py); unset fields keep what earlier rules gave the layer."},
+    kw_only=True,
+)
 
 
 @dataclass(kw_only=True)
@@ -126,35 +118,31 @@ class MixLN:
         return {"placement": value, "mlp_placement": None} if isinstance(value, str) else value.assigned()
 
 
-@dataclass(kw_only=True)
-class Ramp:
-    """Layer-wise scaling (OpenELM): per-layer multipliers from linspace(MIN, MAX, depth), first layer to last.
+def _ramp_check(self, path: str) -> None:
+    given = [f.name for f in rampable() if getattr(self, f.name) is not None]
+    if not given:
+        raise SpecError("ramps nothing; give e.g. ffn: [0.5, 4.0] (multipliers of the width, first layer to last)", path=path)
+    for key in given:
+        bounds = getattr(self, key)
+        if len(bounds) != 2:
+            raise SpecError(f"takes [MIN, MAX], two numbers, not {len(bounds)}", path=f"{path}.{key}")
+        low, high = bounds
+        if not 0 < low or not 0 < high:
+            raise SpecError(f"multipliers must be greater than zero, not {bounds}", path=f"{path}.{key}")
+        if low > high:
+            raise SpecError(f"MIN {low:g} is above MAX {high:g}; a ramp runs from MIN at the first layer to MAX at the last, "
+                            "so give MIN <= MAX", path=f"{path}.{key}")
+
+
+Ramp = dataclasses.make_dataclass(
+    "Ramp", [(f.name, list[float] | None, field(default=None, metadata={"help": f"[MIN, MAX] for {f.name}"})) for f in rampable()],
+    namespace={"check": _ramp_check, "__module__": __name__, "__doc__": """Layer-wise scaling (OpenELM): per-layer multipliers from linspace(MIN, MAX, depth), first layer to last.
 
     heads / kv_heads / ffn multiply the width and are rounded as OpenELM does (multipliers to 2 decimals,
     dims with its make_divisible: query dims to head_dim x the layer's query/key-value group size, FFN dims
-    to model.ffn_multiple_of); init_scale and lr_mult ramp the value itself.
-    """
-
-    heads: list[float] | None = None
-    kv_heads: list[float] | None = None
-    ffn: list[float] | None = None
-    init_scale: list[float] | None = None
-    lr_mult: list[float] | None = None
-
-    def check(self, path: str) -> None:
-        given = [key for key in ("heads", "kv_heads", "ffn", "init_scale", "lr_mult") if getattr(self, key) is not None]
-        if not given:
-            raise SpecError("ramps nothing; give e.g. ffn: [0.5, 4.0] (multipliers of the width, first layer to last)", path=path)
-        for key in given:
-            bounds = getattr(self, key)
-            if len(bounds) != 2:
-                raise SpecError(f"takes [MIN, MAX], two numbers, not {len(bounds)}", path=f"{path}.{key}")
-            low, high = bounds
-            if not 0 < low or not 0 < high:
-                raise SpecError(f"multipliers must be greater than zero, not {bounds}", path=f"{path}.{key}")
-            if low > high:
-                raise SpecError(f"MIN {low:g} is above MAX {high:g}; a ramp runs from MIN at the first layer to MAX at the last, "
-                                "so give MIN <= MAX", path=f"{path}.{key}")
+    to model.ffn_multiple_of); init_scale and lr_mult ramp the value itself (each field's `ramp` in spec/fields.py)."""},
+    kw_only=True,
+)
 
 
 @dataclass(kw_only=True)
@@ -289,38 +277,39 @@ class RopeScaling:
             raise SpecError(f"must be above low_freq_factor {self.low_freq_factor}, not {self.high_freq_factor}", path=f"{path}.high_freq_factor")
 
 
-@dataclass(frozen=True, kw_only=True)
-class LayerSpec:
-    # The fields whose values always enter the architecture hash; a field added later enters only when it is
-    # set away from its default (strict.canonical), so it renames no existing architecture.
-    hash_baseline = frozenset({"index", "placement", "heads", "ffn", "kv_heads", "head_dim", "mlp_placement", "window", "norm", "qk_norm",
-                               "v_norm", "layer_scale", "init_scale", "lr_mult"})
+def _resolved_field(f: LayerField) -> tuple:
+    if f.required:
+        return f.name, f.kind, field()
+    default = f.default if f.resolved_default == "default" else f.resolved_default
+    return f.name, f.kind | None if default is None else f.kind, field(default=default)
 
-    index: int
-    placement: str  # the attention sub-layer's (and the MLP's, unless mlp_placement says otherwise)
-    heads: int
-    ffn: int
-    kv_heads: int | None = None  # None in files written before format 2: heads
-    head_dim: int | None = None  # None in files written before format 2: width / heads
-    mlp_placement: str | None = None  # None: as `placement`
-    window: int | None = None
-    norm: str | None = None  # None in files written before format 2: the model's
-    qk_norm: bool = False
-    v_norm: bool = False
-    layer_scale: float | None = None
-    init_scale: float = 1.0
-    lr_mult: float = 1.0
 
-    @property
-    def placements(self) -> tuple[str, str]:
-        """(attention sub-layer's, MLP sub-layer's)."""
-        return self.placement, self.mlp_placement or self.placement
+def _placements(self) -> tuple[str, str]:
+    """(attention sub-layer's, MLP sub-layer's)."""
+    return self.placement, self.mlp_placement or self.placement
 
-    @property
-    def placement_name(self) -> str:
-        """'pre', or 'none/post' when the sub-layers differ."""
-        attn, mlp = self.placements
-        return attn if attn == mlp else f"{attn}/{mlp}"
+
+def _placement_name(self) -> str:
+    """'pre', or 'none/post' when the sub-layers differ."""
+    attn, mlp = self.placements
+    return attn if attn == mlp else f"{attn}/{mlp}"
+
+
+# One resolved layer: its placement (the attention sub-layer's, and the MLP's unless mlp_placement says
+# otherwise) and every declared field. kv_heads, head_dim and norm are None only in files written before
+# spec format 2 (ResolvedSpec fills them in). The fields whose values always enter the architecture hash
+# form `hash_baseline`; a field declared later enters only when set away from its default
+# (strict.canonical), so it renames no existing architecture.
+_REQUIRED = [f for f in LAYER_FIELDS if f.required]
+LayerSpec = dataclasses.make_dataclass(
+    "LayerSpec",
+    [("index", int), ("placement", str), *map(_resolved_field, _REQUIRED), ("mlp_placement", str | None, field(default=None)),
+     *map(_resolved_field, [f for f in LAYER_FIELDS if not f.required])],
+    namespace={"placements": property(_placements), "placement_name": property(_placement_name), "__module__": __name__,
+               "hash_baseline": frozenset({"index", "placement", "mlp_placement", *(f.name for f in LAYER_FIELDS if f.hashed)}),
+               "__doc__": "One resolved layer: its placement and every per-layer field declared in spec/fields.py."},
+    frozen=True, kw_only=True,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,22 +374,23 @@ class ResolvedSpec:
     def left_out(self, layer: LayerSpec) -> dict:
         """The per-layer fields a file may leave out, each with the value it then takes (derived from the layer
         and the model): what spec.yaml omits, and what the layer table shows only when some layer differs."""
-        head_dim = self.width // layer.heads if layer.heads and self.width % layer.heads == 0 else None
-        return {"kv_heads": layer.heads, "head_dim": head_dim, "norm": self.norm, "mlp_placement": None, "window": None,
-                "qk_norm": False, "v_norm": False, "layer_scale": None}
+        out = {f.name: f.left_out(layer, self) if f.left_out is not None else f.default for f in LAYER_FIELDS if not f.required}
+        return {**out, "mlp_placement": None}
 
     def layer_table(self) -> tuple[list[str], list[list]]:
-        """Headers and one row per layer: placement, heads, head_dim, ffn, init_scale, lr_mult, and every other
-        per-layer field that some layer sets away from its default (kv_heads, window, norm, ...)."""
-        headers = ["layer", "placement", "heads", "head_dim", "ffn", "init_scale", "lr_mult"]
-        rows = [[layer.index, layer.placement_name, layer.heads, layer.head_dim, layer.ffn, f"{layer.init_scale:g}", f"{layer.lr_mult:g}"]
-                for layer in self.layers]
-        for key in ("kv_heads", "window", "norm", "qk_norm", "v_norm", "layer_scale"):
-            if any(getattr(layer, key) != self.left_out(layer)[key] for layer in self.layers):
-                headers.append(key)
-                for row, layer in zip(rows, self.layers):
-                    value = getattr(layer, key)
-                    row.append("global" if key == "window" and value is None else "-" if value is None else value)
+        """Headers and one row per layer: placement, the fields whose column is always shown, and every other
+        per-layer field that some layer sets away from its left-out value (kv_heads, window, norm, ...)."""
+        always = [f.name for f in LAYER_FIELDS if f.column == "always"]
+        shown = lambda key, v: f"{v:g}" if isinstance(v, float) else v  # noqa: E731
+        headers = ["layer", "placement", *always]
+        rows = [[layer.index, layer.placement_name, *(shown(k, getattr(layer, k)) for k in always)] for layer in self.layers]
+        for f in LAYER_FIELDS:
+            if f.column != "when set" or not any(getattr(layer, f.name) != self.left_out(layer)[f.name] for layer in self.layers):
+                continue
+            headers.append(f.name)
+            for row, layer in zip(rows, self.layers):
+                value = getattr(layer, f.name)
+                row.append("global" if f.name == "window" and value is None else "-" if value is None else value)
         return headers, rows
 
     def post_ln_count(self) -> int:

@@ -7,6 +7,7 @@ import re
 
 from blockforge.errors import SpecError
 from blockforge.spec.family import get_family
+from blockforge.spec.fields import LAYER_FIELDS, rampable
 from blockforge.spec.model import LayerSpec, ModelSpec, ResolvedSpec
 from blockforge.spec.strict import to_plain
 
@@ -62,19 +63,12 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
     """
     depth = spec.depth
     family = get_family(spec.family)
-    heads = spec.heads if spec.heads is not None else spec.width // spec.head_dim
-    start = dict(placement="pre", mlp_placement=None, heads=heads, kv_heads=None, head_dim=spec.head_dim if spec.heads is not None else None,
-                 ffn=spec.default_ffn(), window=None, norm=spec.norm or family.default_norm, qk_norm=False, v_norm=False,
-                 layer_scale=None, init_scale=1.0, lr_mult=1.0)
-    if spec.kv_heads is not None:
-        start["kv_heads"] = spec.kv_heads
+    # Every declared field starts from its default, or from the model's value (spec/fields.py)
+    start = {"placement": "pre", "mlp_placement": None,
+             **{f.name: f.start(spec, family) if f.start is not None else f.default for f in LAYER_FIELDS}}
     layers = [dict(start, index=i) for i in range(depth)]
     # Where each layer's value of each field was last set: the key path an error names.
-    model_level = {"heads": "model.heads" if spec.heads is not None else "model.head_dim"}
-    if spec.kv_heads is not None:
-        model_level["kv_heads"] = "model.kv_heads"
-    if spec.heads is not None and spec.head_dim is not None:
-        model_level["head_dim"] = "model.head_dim"
+    model_level = {f.name: f.origin(spec) for f in LAYER_FIELDS if f.origin is not None and f.origin(spec) is not None}
     origin = [dict.fromkeys(start, "model") | model_level for _ in range(depth)]
 
     def assign(index: int, settings: dict, where: str, *, per_field: bool = True) -> None:
@@ -164,28 +158,22 @@ def make_divisible(value: float, divisor: int) -> int:
 
 
 def ramp_settings(ramp, layers: list[dict], spec: ModelSpec) -> list[dict]:
-    """Per layer, what `ramp` sets: multipliers from linspace(MIN, MAX, depth) (see model.Ramp)."""
+    """Per layer, what `ramp` sets: multipliers from linspace(MIN, MAX, depth) (see model.Ramp), each field by its
+    declaration's `ramp` (in declaration order: a heads ramp sets the layer's kv_heads before a kv_heads ramp)."""
     depth = len(layers)
 
-    def multipliers(bounds, decimals: int | None = 2) -> list[float]:
+    def multipliers(bounds, decimals: int | None) -> list[float]:
         low, high = bounds
         values = [low + (high - low) * i / (depth - 1) if depth > 1 else low for i in range(depth)]
         return [round(v, decimals) for v in values] if decimals is not None else values
 
     out = [dict() for _ in range(depth)]
-    for i, layer in enumerate(layers):
-        head_dim = layer["head_dim"] or spec.width // layer["heads"]
-        group = layer["heads"] // (layer["kv_heads"] or layer["heads"])  # query heads per key/value head
-        if ramp.heads is not None:
-            heads = make_divisible(spec.width * multipliers(ramp.heads)[i], head_dim * group) // head_dim
-            out[i].update(heads=heads, kv_heads=heads // group, head_dim=head_dim)
-        if ramp.kv_heads is not None:
-            out[i].update(kv_heads=make_divisible(spec.width * multipliers(ramp.kv_heads)[i], head_dim) // head_dim, head_dim=head_dim)
-        if ramp.ffn is not None:
-            out[i]["ffn"] = make_divisible(spec.width * multipliers(ramp.ffn)[i], spec.ffn_multiple_of)
-        for key in ("init_scale", "lr_mult"):
-            if getattr(ramp, key) is not None:
-                out[i][key] = multipliers(getattr(ramp, key), decimals=None)[i]
+    for f in rampable():
+        bounds = getattr(ramp, f.name)
+        if bounds is None:
+            continue
+        for i, (layer, m) in enumerate(zip(layers, multipliers(bounds, 2 if f.ramp_rounds else None))):
+            out[i].update(f.ramp(m, layer, spec))
     return out
 
 
@@ -203,7 +191,7 @@ def check_resolved(spec: ResolvedSpec) -> None:
     plain = {key: value for key, value in to_plain(spec).items() if value is not None and key not in ("format", "layers")}
     first = spec.layers[0]
     plain.update(depth=len(spec.layers), heads=first.heads, ffn=first.ffn)
-    fields = ("heads", "kv_heads", "head_dim", "ffn", "window", "norm", "qk_norm", "v_norm", "layer_scale", "init_scale", "lr_mult")
+    fields = [f.name for f in LAYER_FIELDS]
 
     def authored(i: int, layer: LayerSpec) -> dict:
         attn, mlp = layer.placements

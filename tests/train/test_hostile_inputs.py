@@ -219,7 +219,7 @@ RUNS = [
      "norm_eps"),
     ("spec.yaml one layer's heads edited", lambda c: edit(c.run / "spec.yaml", "heads: 2,", "heads: 4,") or ["eval", str(c.run)], 2,
      "layers[0].head"),  # heads 4 (head_dim follows: 8): the weights keep their shapes, the stored spec says otherwise
-    ("spec.yaml ffn edited", lambda c: edit(c.run / "spec.yaml", "ffn: 64,", "ffn: 96,") or ["eval", str(c.run)], 2,
+    ("spec.yaml ffn edited", lambda c: edit(c.run / "spec.yaml", "ffn: 64", "ffn: 96") or ["eval", str(c.run)], 2,
      "with shape [32, 64], but spec.yaml builds [32, 96]"),
     ("spec.yaml of another family", lambda c: to_vit(c, "image_size: 8\npatch_size: 4\nchannels: 1\nclasses: 10\n") or ["eval", str(c.run)], 2,
      "has no tensor cls_token, which spec.yaml builds"),

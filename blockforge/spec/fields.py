@@ -1,0 +1,121 @@
+"""Per-layer fields, each declared once: what it is, its default or derivation, its checks, what rules do
+with it, its inspect column and what exports need of it. spec/model.py builds the authoring form
+(LayerSettings, with every field optional), the resolved form (LayerSpec) and Ramp from this table;
+resolution, spec.yaml, inspect, the search's dotted keys and the exports read it. Adding a per-layer field
+is a declaration here plus the code where it acts (docs/design.md walks through one).
+
+The placement (a name, or one per sub-layer) is the one per-layer setting not declared here: it fills the
+norm slots of both sub-layers and has rules of its own (Mix-LN's early/late).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from blockforge.errors import SpecError
+
+
+
+@dataclass(frozen=True)
+class LayerField:
+    name: str
+    kind: type  # the authored value's type: int, float, bool or str
+    help: str
+    default: Any = None  # the resolved value when no rule sets it (see `start` for one taken from the model)
+    start: Callable | None = None  # (ModelSpec, family) -> the value every layer starts from, when it comes from the model
+    origin: Callable | None = None  # (ModelSpec) -> the model-level key path that gave the start value (for error messages), if any
+    nullable: bool = False  # null is a value of its own ("off"); in the authoring form "not given" is then UNSET
+    minimum: float | None = None  # values must be above this (>= with `zero`)
+    zero: bool = False
+    choices: tuple[str, ...] = ()
+    required: bool = False  # a resolved spec (spec.yaml) must give it
+    resolved_default: Any = "default"  # a resolved spec's value when a file leaves it out ("default": `default`; None: derived on load)
+    left_out: Callable | None = None  # (LayerSpec, ResolvedSpec) -> the value spec.yaml and inspect may leave out (default: `default`)
+    column: str = "when set"  # inspect: "always" a column, "when set" (some layer away from its left-out value), or "never"
+    ramp: Callable | None = None  # (multiplier, layer dict, ModelSpec) -> the fields a ramp entry sets; None: not rampable
+    ramp_rounds: bool = True  # ramp multipliers rounded to 2 decimals (OpenELM) before use
+    hashed: bool = True  # in the architecture hash whatever its value (False: only when set away from its default)
+    # What a plain transformers or timm model (one layer class repeated) needs of it: "uniform" (one value for
+    # every layer), "default" (every layer at the default: the plain model has no such knob) or "free" (it does
+    # not change the function computed). Each export adds what its library holds of a uniform value.
+    plain: str = "uniform"
+    plain_says: str = ""  # what a layer away from the default has, for refusals: "sliding windows"
+
+    def check(self, value: Any, path: str) -> None:
+        """An authored (or resolved) value of this field."""
+        if value is None or self.minimum is None:
+            return
+        if value < self.minimum or (value == self.minimum and not self.zero):
+            bound = f"{'at least' if self.zero else 'greater than'} {self.minimum:g}"
+            if self.minimum == 0:
+                bound = "zero or more" if self.zero else "greater than zero"
+            raise SpecError(f"must be {bound}, not {value}" + (", or null" if self.nullable else ""), path=path)
+
+
+def _ramp_heads(m: float, layer: dict, spec) -> dict:
+    from blockforge.spec.resolve import make_divisible
+
+    head_dim = layer["head_dim"] or spec.width // layer["heads"]
+    group = layer["heads"] // (layer["kv_heads"] or layer["heads"])  # query heads per key/value head
+    heads = make_divisible(spec.width * m, head_dim * group) // head_dim
+    return {"heads": heads, "kv_heads": heads // group, "head_dim": head_dim}
+
+
+def _ramp_kv_heads(m: float, layer: dict, spec) -> dict:
+    from blockforge.spec.resolve import make_divisible
+
+    head_dim = layer["head_dim"] or spec.width // layer["heads"]
+    return {"kv_heads": make_divisible(spec.width * m, head_dim) // head_dim, "head_dim": head_dim}
+
+
+def _ramp_ffn(m: float, layer: dict, spec) -> dict:
+    from blockforge.spec.resolve import make_divisible
+
+    return {"ffn": make_divisible(spec.width * m, spec.ffn_multiple_of)}
+
+
+def _value_ramp(name: str) -> Callable:
+    return lambda m, layer, spec: {name: m}
+
+
+def _width_over_heads(layer, spec):
+    return spec.width // layer.heads if layer.heads and spec.width % layer.heads == 0 else None
+
+
+LAYER_FIELDS: list[LayerField] = [
+    LayerField("heads", int, "query heads", minimum=0, column="always", ramp=_ramp_heads, required=True,
+               start=lambda spec, family: spec.heads if spec.heads is not None else spec.width // spec.head_dim,
+               origin=lambda spec: "model.heads" if spec.heads is not None else "model.head_dim"),
+    LayerField("kv_heads", int, "key/value heads (grouped-query attention); must divide heads", minimum=0, ramp=_ramp_kv_heads,
+               start=lambda spec, family: spec.kv_heads, origin=lambda spec: "model.kv_heads" if spec.kv_heads is not None else None,
+               resolved_default=None,
+               left_out=lambda layer, spec: layer.heads),
+    LayerField("head_dim", int, "per-head width (default width / heads)", minimum=0, column="always",
+               start=lambda spec, family: spec.head_dim if spec.heads is not None else None,
+               origin=lambda spec: "model.head_dim" if spec.heads is not None and spec.head_dim is not None else None, resolved_default=None,
+               left_out=_width_over_heads),
+    LayerField("ffn", int, "MLP hidden width", minimum=0, column="always", ramp=_ramp_ffn, start=lambda spec, family: spec.default_ffn(),
+               required=True),
+    LayerField("window", int, "a causal sliding window of this many positions (itself included); null: global", nullable=True, minimum=0,
+               plain="default", plain_says="sliding windows"),
+    LayerField("norm", str, "this layer's norms (default: the model's)", choices=("rmsnorm", "layernorm", "dyt"),
+               start=lambda spec, family: spec.norm or family.default_norm, left_out=lambda layer, spec: spec.norm, resolved_default=None),
+    LayerField("qk_norm", bool, "normalize queries and keys per head, before RoPE", default=False, plain_says="query and key norms"),
+    LayerField("v_norm", bool, "normalize values per head (HybridNorm's QKV-norm, with qk_norm)", default=False, plain="default",
+               plain_says="value norms"),
+    LayerField("layer_scale", float, "a per-channel gain on each branch's output, initialized to this; null: none", nullable=True,
+               minimum=0, zero=True, plain_says="layer scales"),
+    LayerField("init_scale", float, "multiplies the init std of the layer's linear weights", default=1.0, minimum=0, column="always",
+               ramp=_value_ramp("init_scale"), ramp_rounds=False, plain="free"),
+    LayerField("lr_mult", float, "multiplies the learning rate of the layer's parameters", default=1.0, minimum=0, zero=True,
+               column="always", ramp=_value_ramp("lr_mult"), ramp_rounds=False, plain="free"),
+]
+
+
+def layer_field(name: str) -> LayerField:
+    return next(f for f in LAYER_FIELDS if f.name == name)
+
+
+def rampable() -> list[LayerField]:
+    return [f for f in LAYER_FIELDS if f.ramp is not None]
