@@ -15,6 +15,7 @@ from blockforge.errors import warn
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating, probe_tokens
 from blockforge.nn.build import build_model, copy_weight
 from blockforge.nn.attention import rope_frequencies
+from blockforge.spec.fields import plain_problems
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, ModelSpec, ResolvedSpec, RopeScaling
 from blockforge.spec.resolve import resolve
 
@@ -180,17 +181,14 @@ def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str, what: s
 def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
     """What keeps `spec` from being a plain `LlamaForCausalLM` (empty when nothing does)."""
     layer0 = spec.layers[0]
-    same = ("heads", "kv_heads", "head_dim", "ffn", "window", "norm", "qk_norm", "v_norm", "layer_scale")
+    differ, extra = plain_problems(spec, keep_default=("qk_norm", "layer_scale"))  # LlamaForCausalLM has neither
     checks = {
         f"it is a {spec.family} model": spec.family != "llama",
         "not every sub-layer is Pre-LN (LlamaForCausalLM has only Pre-LN layers)": not spec.uniform_pre(),
-        "its layers differ in " + ", ".join(k for k in same if len({getattr(layer, k) for layer in spec.layers}) > 1): any(
-            len({getattr(layer, k) for layer in spec.layers}) > 1 for k in same),
+        "its layers differ in " + ", ".join(differ): bool(differ),
+        "it has " + ", ".join(extra): bool(extra),
         "it has no final norm": not spec.final_norm,
         f"it uses {spec.norm}": spec.norm != "rmsnorm" or layer0.norm != "rmsnorm",
-        "it has sliding windows": layer0.window is not None,
-        "it normalizes queries, keys or values": layer0.qk_norm or layer0.v_norm,
-        "it has layer scales": layer0.layer_scale is not None,
         f"its branches are scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
         f"its logits are scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
         f"its attention scores are scaled by {spec.attention_multiplier(layer0):.4g} beyond 1/sqrt(head_dim) (muP)":

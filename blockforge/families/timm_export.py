@@ -21,6 +21,7 @@ from blockforge.io import read_json
 from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.vit_timm import timm_names
+from blockforge.spec.fields import plain_problems
 from blockforge.spec.model import ResolvedSpec
 
 ARCHITECTURE = "vit_base_patch16_224"  # a plain registered ViT; model_args override every size it names
@@ -30,17 +31,15 @@ CAUSE = "so the timm folder would not compute what blockforge.load computes"
 
 def spec_problems(spec: ResolvedSpec) -> list[str]:
     placements = sorted({layer.placement_name for layer in spec.layers})
-    per_layer = ("heads", "kv_heads", "head_dim", "ffn", "norm", "qk_norm", "v_norm", "layer_scale")
-    differ = [key for key in per_layer if len({getattr(layer, key) is not None if key == "layer_scale" else getattr(layer, key)
-                                               for layer in spec.layers}) > 1]
+    differ, extra = plain_problems(spec, presence=("layer_scale",))  # the gains themselves are weights
     layer = spec.layers[0]
     problems = {
         f"placements {', '.join(placements)} (timm has Pre-LN blocks only)": placements != ["pre"],
         f"{', '.join(differ)} that differ between layers": bool(differ),
+        ", ".join(extra): bool(extra),
         f"{layer.norm} norms": spec.norm != "layernorm" or layer.norm != "layernorm",
         f"norm eps {spec.norm_eps:g} (timm uses {TIMM_EPS:g})": spec.norm_eps != TIMM_EPS,
         "grouped-query attention or a head_dim of its own": layer.kv_heads != layer.heads or layer.head_dim * layer.heads != spec.width,
-        "value norms": layer.v_norm,
         "an MLP bias setting unlike the attention output's (timm's proj_bias sets both)": spec.proj_bias != spec.mlp_bias,
         f"branches scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
         f"logits scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,

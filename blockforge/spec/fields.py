@@ -119,3 +119,24 @@ def layer_field(name: str) -> LayerField:
 
 def rampable() -> list[LayerField]:
     return [f for f in LAYER_FIELDS if f.ramp is not None]
+
+
+def plain_problems(spec, keep_default: tuple[str, ...] = (), presence: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """What keeps `spec`'s layers from being one plain layer class repeated (a transformers or timm model):
+    (the fields that differ between layers, what some layer has that such a model has not, e.g. "sliding
+    windows"). `keep_default`: fields the export needs at their default although their declaration allows
+    any uniform value (a plain LlamaForCausalLM has no q/k norms, which timm's ViT has); `presence`: fields whose
+    value only needs to be set in all layers or none (an initial value the weights have long replaced)."""
+    differ, extra = [], []
+    for f in LAYER_FIELDS:
+        values = [getattr(layer, f.name) for layer in spec.layers]
+        if f.name in presence:
+            values = [v is not None for v in values]
+        if f.plain == "free":
+            continue
+        if f.plain == "default" or f.name in keep_default:
+            if any(getattr(layer, f.name) != f.default for layer in spec.layers):
+                extra.append(f.plain_says or f"{f.name} {sorted(set(map(str, values)))}")
+        elif len(set(values)) > 1:
+            differ.append(f.name)
+    return differ, extra
