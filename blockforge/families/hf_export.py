@@ -202,7 +202,10 @@ def remote_config(model: nn.Module) -> dict:
         "rope_theta": spec.rope_theta,
         "rope_frequency_scaling": rope_scaling(spec),
         "tie_word_embeddings": model.head.weight is model.embed.weight,
-        "readout_multiplier": float(spec.readout_multiplier),  # muP: logits times 1/m
+        "readout_multiplier": float(model._logit_multiplier),  # muP's 1/m times logit_multiplier
+        "logit_softcap": spec.logit_softcap,
+        "embed_scale": float(spec.embed_scale),
+        "norm_weight_offset": float(spec.norm_weight_offset),
         "layers": [layer_config(block, layer, spec) for block, layer in zip(model.layers, spec.layers, strict=True)],
         "blockforge_arch_hash": spec.arch_hash(),
     }
@@ -243,7 +246,11 @@ def layer_config(block: nn.Module, layer: LayerSpec, spec: ResolvedSpec) -> dict
         "head_dim": attn.head_dim,
         "ffn": mlp.down.in_features,
         "window": attn.window,
-        "attention_scale": attn.scale,  # None: 1/sqrt(head_dim); else the scores' scale (muP)
+        "attention_scale": attn.scale,  # None: 1/sqrt(head_dim); else the scores' scale (muP, a query scale)
+        "rope": attn.rope_key is not None,
+        "rope_theta": attn.rope_key[1] if attn.rope_key is not None else None,
+        "qk_norm_over": attn.qk_norm_over,
+        "mlp_act": mlp.act_name,
         "qk_norm": head_norms["q_norm"],
         "v_norm": head_norms["v_norm"],
         "qkv_bias": attn.qkv.bias is not None,

@@ -181,7 +181,8 @@ def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str, what: s
 def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
     """What keeps `spec` from being a plain `LlamaForCausalLM` (empty when nothing does)."""
     layer0 = spec.layers[0]
-    differ, extra = plain_problems(spec, keep_default=("qk_norm", "layer_scale"))  # LlamaForCausalLM has neither
+    # LlamaForCausalLM has no q/k norms or layer scales, one RoPE base (the model's) and SiLU gates
+    differ, extra = plain_problems(spec, keep_default=("qk_norm", "layer_scale", "rope_theta", "mlp_act"))
     checks = {
         f"it is a {spec.family} model": spec.family != "llama",
         "not every sub-layer is Pre-LN (LlamaForCausalLM has only Pre-LN layers)": not spec.uniform_pre(),
@@ -191,6 +192,10 @@ def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
         f"it uses {spec.norm}": spec.norm != "rmsnorm" or layer0.norm != "rmsnorm",
         f"its branches are scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
         f"its logits are scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
+        f"its logits are multiplied by {spec.logit_multiplier:.4g}": spec.logit_multiplier != 1.0,
+        f"its logits are soft-capped at {spec.logit_softcap}": spec.logit_softcap is not None,
+        f"its embeddings are scaled by {spec.embed_scale:.4g}": spec.embed_scale != 1.0,
+        f"its RMSNorm gains are {spec.norm_weight_offset:g} + w": spec.norm_weight_offset != 0.0,
         f"its attention scores are scaled by {spec.attention_multiplier(layer0):.4g} beyond 1/sqrt(head_dim) (muP)":
             spec.attention_multiplier(layer0) != 1.0,
         "its q/k/v and output biases differ (HF's attention_bias sets all four)": spec.qkv_bias != spec.proj_bias,

@@ -41,7 +41,9 @@ def spec_problems(spec: ResolvedSpec) -> list[str]:
         f"norm eps {spec.norm_eps:g} (timm uses {TIMM_EPS:g})": spec.norm_eps != TIMM_EPS,
         "grouped-query attention or a head_dim of its own": layer.kv_heads != layer.heads or layer.head_dim * layer.heads != spec.width,
         "an MLP bias setting unlike the attention output's (timm's proj_bias sets both)": spec.proj_bias != spec.mlp_bias,
-        f"branches scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
+        f"branches scaled by {spec.branch_multiplier:.4g} (CompleteP or a residual multiplier)": spec.branch_multiplier != 1.0,
+        f"RMSNorm gains {spec.norm_weight_offset:g} + w": spec.norm_weight_offset != 0.0,
+        f"an MLP activation {layer.mlp_act} (timm's is the exact GELU)": layer.mlp_act not in (None, "gelu"),
         f"logits scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
         f"attention scores scaled by {spec.attention_multiplier(layer):.4g} beyond 1/sqrt(head_dim) (muP)": spec.attention_multiplier(layer) != 1.0,
     }

@@ -21,6 +21,9 @@ def check(spec, path: str) -> None:
         raise SpecError(f"patch_size {spec.patch_size} does not divide image_size {spec.image_size}", path=at("patch_size"))
     if spec.tie_embeddings:
         raise SpecError("does not apply to family vit (its head is a classifier)", path=at("tie_embeddings"))
+    for key, plain in (("embed_scale", 1.0), ("logit_multiplier", 1.0), ("logit_softcap", None)):
+        if getattr(spec, key) != plain:
+            raise SpecError("does not apply to family vit (a language model's token embedding and logits)", path=at(key))
 
 
 def dataset(cfg, spec, seed, cache_dir, run_dir):
@@ -39,7 +42,7 @@ def model_inputs(batch, pad_id=None):
 
 
 VIT = register_family(Family(
-    name="vit", default_norm="layernorm", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
+    name="vit", default_norm="layernorm", default_activation="gelu", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
     unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", causal=False, default_bias=True, no_decay=("pos_embed", "cls_token"),
     check=check, build=ViT, loss=image_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
     converters={"from_timm": from_timm_vit}, exports={"timm": TIMM_FORMAT},

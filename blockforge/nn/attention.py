@@ -12,7 +12,7 @@ from torch import nn
 
 from blockforge.errors import BlockforgeError
 
-Rope = dict[int, torch.Tensor]  # head_dim -> (cos, sin) of every rotation angle, (T, head_dim / 2, 2) float32
+Rope = dict[tuple[int, float], torch.Tensor]  # (head_dim, theta) -> (cos, sin) of every rotation angle, (T, head_dim / 2, 2) float32
 
 
 def rope_frequencies(dim: int, theta: float, scaling: dict | None = None, device=None) -> torch.Tensor:
@@ -27,13 +27,14 @@ def rope_frequencies(dim: int, theta: float, scaling: dict | None = None, device
     return freq / scaling["factor"] * (1.0 - keep) + freq * keep
 
 
-def rope_tables(head_dims: set[int], length: int, theta: float, device: torch.device, scaling: dict | None = None) -> Rope:
-    """cos and sin of t w_j for positions t = 0..length-1 and the frequencies w_j of rope_frequencies, in float32."""
+def rope_tables(keys: set[tuple[int, float]], length: int, device: torch.device, scaling: dict | None = None) -> Rope:
+    """For each (head_dim, theta): cos and sin of t w_j for positions t = 0..length-1 and the frequencies w_j of
+    rope_frequencies, in float32."""
     positions = torch.arange(length, device=device, dtype=torch.float32)
     tables = {}
-    for dim in head_dims:
+    for dim, theta in keys:
         angles = torch.outer(positions, rope_frequencies(dim, theta, scaling, device))  # (T, dim/2)
-        tables[dim] = torch.stack((angles.cos(), angles.sin()), dim=-1)
+        tables[(dim, theta)] = torch.stack((angles.cos(), angles.sin()), dim=-1)
     return tables
 
 
@@ -149,7 +150,8 @@ class Attention(nn.Module):
     def __init__(self, width: int, heads: int, *, bias: bool, causal: bool, backend: str, kv_heads: int | None = None,
                  head_dim: int | None = None, proj_bias: bool | None = None, window: int | None = None,
                  head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False,
-                 score_multiplier: float = 1.0):
+                 score_multiplier: float = 1.0, rope_theta: float | None = None, query_scale: float | None = None,
+                 qk_norm_over: str = "head"):
         super().__init__()
         self.width = width
         self.heads = heads
@@ -158,12 +160,18 @@ class Attention(nn.Module):
         self.causal = causal
         self.window = window
         self.kernel = ATTENTION_BACKENDS[backend]  # chosen once, at build
-        # scores are q.k / sqrt(head_dim), times score_multiplier (muP's 1/head_dim); None keeps each kernel's own default
-        self.scale = None if score_multiplier == 1.0 else score_multiplier / math.sqrt(self.head_dim)
+        # scores are q.k * query_scale (default 1/sqrt(head_dim)), times score_multiplier (muP's 1/head_dim); None keeps
+        # each kernel's own 1/sqrt(head_dim)
+        base = query_scale if query_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.scale = None if score_multiplier == 1.0 and query_scale is None else score_multiplier * base
+        self.rope_key = (self.head_dim, rope_theta) if rope_theta is not None else None  # None: no RoPE in this layer (NoPE)
         self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)
-        self.q_norm = head_norm(self.head_dim) if qk_norm else None
-        self.k_norm = head_norm(self.head_dim) if qk_norm else None
+        # per head, or (OLMo 2) over the whole query and key projections
+        self.qk_norm_over = qk_norm_over
+        q_dim, k_dim = (self.head_dim, self.head_dim) if qk_norm_over == "head" else (heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.q_norm = head_norm(q_dim) if qk_norm else None
+        self.k_norm = head_norm(k_dim) if qk_norm else None
         self.v_norm = head_norm(self.head_dim) if v_norm else None
 
     def init_weights(self, draw, std: float, gain: float) -> None:
@@ -177,22 +185,25 @@ class Attention(nn.Module):
         """x (B, T, C) -> (B, T, C). With `cache`, x holds the positions after the cached ones (generation)."""
         B, T, _ = x.shape
         hd = self.head_dim
+        table = rope[self.rope_key] if rope is not None and self.rope_key is not None else None
         if self.kv_heads == self.heads and self.q_norm is None and self.v_norm is None:
             qkv = self.qkv(x).view(B, T, 3, self.heads, hd)
-            if rope is not None:  # q and k rotated together: one multiply forward and one backward
-                q, k = apply_rope(qkv[:, :, :2], rope[hd]).unbind(2)  # each (B, T, nh, hs)
+            if table is not None:  # q and k rotated together: one multiply forward and one backward
+                q, k = apply_rope(qkv[:, :, :2], table).unbind(2)  # each (B, T, nh, hs)
                 v = qkv[:, :, 2]
             else:
                 q, k, v = qkv.unbind(2)
         else:
             q, k, v = self.qkv(x).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)
+            if self.q_norm is not None and self.qk_norm_over == "projection":
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = q.view(B, T, self.heads, hd), k.view(B, T, self.kv_heads, hd), v.view(B, T, self.kv_heads, hd)
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.qk_norm_over == "head":
                 q, k = self.q_norm(q), self.k_norm(k)
             if self.v_norm is not None:
                 v = self.v_norm(v)
-            if rope is not None:
-                q, k = apply_rope(q, rope[hd]), apply_rope(k, rope[hd])
+            if table is not None:
+                q, k = apply_rope(q, table), apply_rope(k, table)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
         past = 0
         if cache is not None:

@@ -19,17 +19,20 @@ class Llama(Backbone):
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab, spec.width)
         self.layers = nn.ModuleList(build_block(spec, layer, mlp=SwiGLU, causal=True) for layer in spec.layers)
-        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps, spec.dyt_alpha) if spec.final_norm else nn.Identity()
+        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps, spec.dyt_alpha, spec.norm_weight_offset) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.vocab, bias=False)
         if spec.tie_embeddings:
             self.head.weight = self.embed.weight
-        self._head_dims = {layer.head_dim for layer in spec.layers}
+        self._rope_keys = {block.attn.branch.rope_key for block in self.layers} - {None}  # (head_dim, theta) of the layers with RoPE
+        self._logit_multiplier = spec.readout_multiplier * spec.logit_multiplier
 
     def embed_inputs(self, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
         """tokens (B, T) at positions start.. -> the first block's input (B, T, C) and the RoPE tables every block uses."""
         x = self.embed(tokens)  # (B, T, C)
-        tables = rope_tables(self._head_dims, start + tokens.shape[1], self.spec.rope_theta, x.device, self.spec.rope_scaling)
-        return x, {"rope": {dim: table[start:] for dim, table in tables.items()} if start else tables}
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        tables = rope_tables(self._rope_keys, start + tokens.shape[1], x.device, self.spec.rope_scaling)
+        return x, {"rope": {key: table[start:] for key, table in tables.items()} if start else tables}
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
         """Continue `tokens` (B, T); see blockforge.nn.generate.generate for the sampling options."""
@@ -38,9 +41,13 @@ class Llama(Backbone):
         return generate(self, tokens, max_new_tokens, **sampling)
 
     def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> logits (B, T, vocab); under muP times the readout multiplier 1/m."""
+        """(B, T, C) -> logits (B, T, vocab); times muP's readout multiplier 1/m and logit_multiplier, then soft-capped
+        (c * tanh(logits / c)) with logit_softcap."""
         logits = self.head(self.final_norm(x))
-        return logits * self.spec.readout_multiplier if self.spec.readout_multiplier != 1.0 else logits
+        if self._logit_multiplier != 1.0:
+            logits = logits * self._logit_multiplier
+        cap = self.spec.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     def init_outer_weights(self, draw: SeededInit) -> None:
         draw.normal(self.embed.weight, self.spec.embed_init_std)

@@ -1,4 +1,5 @@
-"""Feed-forward branches: SwiGLU (llama) and GELU (vit). `init_weights(draw, std, gain)`: every weight N(0, std * gain)."""
+"""Feed-forward branches: a gated MLP (llama: SwiGLU, or GeGLU with a GELU gate) and a plain one (vit: GELU).
+`init_weights(draw, std, gain)`: every weight N(0, std * gain)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,29 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def activation(name: str | None, default: str):
+    """silu | gelu (exact, erf) | gelu_tanh (the tanh approximation: Gemma's gelu_pytorch_tanh)."""
+    name = name or default
+    if name == "silu":
+        return F.silu
+    if name == "gelu":
+        return F.gelu
+    return lambda x: F.gelu(x, approximate="tanh")
+
+
 class SwiGLU(nn.Module):
-    def __init__(self, width: int, hidden: int, *, bias: bool = False):
+    """down(act(gate(x)) * up(x)); act is SiLU unless `act` says otherwise (gelu_tanh: GeGLU)."""
+
+    def __init__(self, width: int, hidden: int, *, bias: bool = False, act: str | None = None):
         super().__init__()
         self.gate_up = nn.Linear(width, 2 * hidden, bias=bias)  # rows: gate, then up
         self.down = nn.Linear(hidden, width, bias=bias)
+        self.act_name = act or "silu"
+        self.act = activation(act, "silu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(self.act(gate) * up)
 
     def init_weights(self, draw, std: float, gain: float) -> None:
         draw.linear(self.gate_up, std * gain)
@@ -23,13 +38,17 @@ class SwiGLU(nn.Module):
 
 
 class GeluMLP(nn.Module):
-    def __init__(self, width: int, hidden: int, *, bias: bool = True):
+    """fc2(act(fc1(x))); act is the exact GELU unless `act` says otherwise."""
+
+    def __init__(self, width: int, hidden: int, *, bias: bool = True, act: str | None = None):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, width, bias=bias)
+        self.act_name = act or "gelu"
+        self.act = activation(act, "gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(self.act(self.fc1(x)))
 
     def init_weights(self, draw, std: float, gain: float) -> None:
         draw.linear(self.fc1, std * gain)

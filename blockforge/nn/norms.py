@@ -8,19 +8,26 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in at least float32 whatever the input dtype (as LLaMA does)."""
+    """x / rms(x) * (offset + weight), computed in at least float32 whatever the input dtype (as LLaMA does).
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    With offset 1 (Gemma) the weight is stored as w in (1 + w); it starts at 1 - offset, so the gain starts at 1.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 -> fp32, fp64 stays
-        return F.rms_norm(wide, (x.shape[-1],), weight=self.weight.to(wide.dtype), eps=self.eps).to(x.dtype)
+        gain = self.weight.to(wide.dtype)
+        if self.offset != 0.0:
+            gain = gain + self.offset
+        return F.rms_norm(wide, (x.shape[-1],), weight=gain, eps=self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (f", offset={self.offset:g}" if self.offset else "")
 
 
 class LayerNorm(nn.LayerNorm):
@@ -49,5 +56,7 @@ class DyT(nn.Module):
 NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT}
 
 
-def make_norm(name: str, dim: int, eps: float, dyt_alpha: float = 0.5) -> nn.Module:
-    return DyT(dim, alpha=dyt_alpha) if name == "dyt" else NORMS[name](dim, eps)
+def make_norm(name: str, dim: int, eps: float, dyt_alpha: float = 0.5, offset: float = 0.0) -> nn.Module:
+    if name == "dyt":
+        return DyT(dim, alpha=dyt_alpha)
+    return RMSNorm(dim, eps, offset) if name == "rmsnorm" else NORMS[name](dim, eps)

@@ -23,7 +23,7 @@ class ViT(Backbone):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, spec.width))
         self.pos_embed = nn.Parameter(torch.zeros(1, patches + 1, spec.width))
         self.layers = nn.ModuleList(build_block(spec, layer, mlp=GeluMLP, causal=False) for layer in spec.layers)
-        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps, spec.dyt_alpha) if spec.final_norm else nn.Identity()
+        self.final_norm = make_norm(spec.norm, spec.width, spec.norm_eps, spec.dyt_alpha, spec.norm_weight_offset) if spec.final_norm else nn.Identity()
         self.head = nn.Linear(spec.width, spec.classes)
 
     def embed_inputs(self, images: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:

@@ -22,6 +22,7 @@ from blockforge.errors import SpecError, unknown_choice_message
 class Family:
     name: str
     default_norm: str  # the norm of a spec that names none
+    default_activation: str = "silu"  # the MLP's activation of a spec that names none (llama: gated SiLU; vit: GELU)
     data_kind: str  # which data sources fit: "text" or "image" (blockforge.spec.data.SOURCES)
     required: tuple[str, ...]  # ModelSpec fields the family needs
     unused: tuple[str, ...] = ()  # ModelSpec fields that do not apply to it

@@ -25,6 +25,9 @@ class LayerField:
     default: Any = None  # the resolved value when no rule sets it (see `start` for one taken from the model)
     start: Callable | None = None  # (ModelSpec, family) -> the value every layer starts from, when it comes from the model
     origin: Callable | None = None  # (ModelSpec) -> the model-level key path that gave the start value (for error messages), if any
+    # (model spec, family) -> the model's value, which a layer takes when it sets none: the resolved form then holds
+    # None, and a layer set to the model's value resolves to None too (one model, one name). ResolvedSpec.value reads it.
+    inherit: Callable | None = None
     nullable: bool = False  # null is a value of its own ("off"); in the authoring form "not given" is then UNSET
     minimum: float | None = None  # values must be above this (>= with `zero`)
     zero: bool = False
@@ -106,6 +109,16 @@ LAYER_FIELDS: list[LayerField] = [
                plain_says="value norms"),
     LayerField("layer_scale", float, "a per-channel gain on each branch's output, initialized to this; null: none", nullable=True,
                minimum=0, zero=True, plain_says="layer scales"),
+    LayerField("mlp_act", str, "the MLP's activation (llama: of the gate; default: the family's)", choices=("silu", "gelu_tanh", "gelu"),
+               inherit=lambda spec, family: family.default_activation, hashed=False, plain_says="MLP activations of their own"),
+    LayerField("rope", bool, "rotary position embeddings on queries and keys; false: none (NoPE)", default=True, hashed=False,
+               plain="default", plain_says="layers without RoPE"),
+    LayerField("rope_theta", float, "this layer's RoPE base (default: the model's)", minimum=0, hashed=False,
+               inherit=lambda spec, family: spec.rope_theta, plain_says="RoPE bases of their own"),
+    LayerField("query_scale", float, "attention scores times this instead of 1/sqrt(head_dim); null: 1/sqrt(head_dim)", nullable=True,
+               minimum=0, hashed=False, plain="default", plain_says="a query scale of their own"),
+    LayerField("qk_norm_over", str, "what qk_norm normalizes: each head, or the whole query (key) projection (OLMo 2)", default="head",
+               choices=("head", "projection"), hashed=False, plain="default", plain_says="q/k norms over the whole projection"),
     LayerField("init_scale", float, "multiplies the init std of the layer's linear weights", default=1.0, minimum=0, column="always",
                ramp=_value_ramp("init_scale"), ramp_rounds=False, plain="free"),
     LayerField("lr_mult", float, "multiplies the learning rate of the layer's parameters", default=1.0, minimum=0, zero=True,

@@ -13,7 +13,7 @@ from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
-from blockforge.spec.fields import LAYER_FIELDS, LayerField, rampable
+from blockforge.spec.fields import LAYER_FIELDS, LayerField, layer_field, rampable
 from blockforge.spec.placements import PLACEMENTS
 from blockforge.spec.strict import UNSET, canonical, choice, stable_hash
 
@@ -203,6 +203,12 @@ class ModelSpec:
     depth_alpha: float = 1.0  # completep: branches scaled by (depth / base_depth)^-depth_alpha, in [0.5, 1]
     base_width: int | None = None  # mup, completep: the width whose hyperparameters transfer (ignored under standard)
     attention_scale: str = choice("sqrt", "inverse", default="sqrt")  # scores / sqrt(head_dim), or muP's 1/head_dim (see ResolvedSpec)
+    # multipliers and caps of other open decoders (Gemma, Granite)
+    norm_weight_offset: float = 0.0  # RMSNorm gains used as offset + weight (Gemma: 1, its weights stored as w in (1 + w))
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(width); Granite: embedding_multiplier)
+    residual_multiplier: float = 1.0  # every branch's output times this (Granite)
+    logit_multiplier: float = 1.0  # the logits times this (Granite: 1 / logits_scaling)
+    logit_softcap: float | None = None  # logits c * tanh(logits / c) (Gemma 2's final_logit_softcapping)
     # llama
     vocab: int | None = None
     context: int | None = None
@@ -237,6 +243,10 @@ class ModelSpec:
                             path=at("attention_scale"))
         _check_positive(self.base_depth, at("base_depth"))
         _check_positive(self.base_width, at("base_width"))
+        for key in ("embed_scale", "residual_multiplier", "logit_multiplier", "logit_softcap"):
+            _check_positive(getattr(self, key), at(key))
+        if self.norm_weight_offset != 0.0 and self.norm not in (None, "rmsnorm"):
+            raise SpecError(f"offsets RMSNorm gains only, and this model's norm is {self.norm}; set it to 0 or use rmsnorm", path=at("norm_weight_offset"))
         if not 0.5 <= self.depth_alpha <= 1.0:
             raise SpecError(f"must lie in [0.5, 1], not {self.depth_alpha}", path=at("depth_alpha"))
         if self.ffn is not None and self.ffn_mult is not None:
@@ -342,6 +352,11 @@ class ResolvedSpec:
     depth_alpha: float = 1.0
     base_width: int | None = None
     attention_scale: str = "sqrt"
+    norm_weight_offset: float = 0.0
+    embed_scale: float = 1.0
+    residual_multiplier: float = 1.0
+    logit_multiplier: float = 1.0
+    logit_softcap: float | None = None
     vocab: int | None = None
     context: int | None = None
     image_size: int | None = None
@@ -392,6 +407,12 @@ class ResolvedSpec:
                 value = getattr(layer, f.name)
                 row.append("global" if f.name == "window" and value is None else "-" if value is None else value)
         return headers, rows
+
+    def value(self, layer: LayerSpec, name: str) -> Any:
+        """Layer `layer`'s `name`, with what it inherits from the model filled in (rope_theta, mlp_act)."""
+        value = getattr(layer, name)
+        f = layer_field(name)
+        return f.inherit(self, get_family(self.family)) if value is None and f.inherit is not None else value
 
     def post_ln_count(self) -> int:
         """Layers whose both sub-layers are Post-LN."""
@@ -445,8 +466,9 @@ class ResolvedSpec:
 
     @property
     def branch_multiplier(self) -> float:
-        """CompleteP: every residual branch's output times (depth / base_depth)^-depth_alpha."""
-        return self.depth_ratio ** -self.depth_alpha
+        """Every residual branch's output times this: CompleteP's (depth / base_depth)^-depth_alpha, times residual_multiplier."""
+        multiplier = self.depth_ratio ** -self.depth_alpha
+        return multiplier * self.residual_multiplier if self.residual_multiplier != 1.0 else multiplier
 
     @property
     def block_lr_scale(self) -> float:

@@ -99,6 +99,9 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
             assign(i, override.assigned(), where)
 
     for layer, where in zip(layers, origin):
+        for f in LAYER_FIELDS:
+            if f.inherit is not None and layer[f.name] == f.inherit(spec, family):
+                layer[f.name] = None  # the model's value: held as "inherited"
         _check_layer(spec, family, layer, where)
         if family.check_layer is not None:
             family.check_layer(spec, layer, where["head_dim"] if where["head_dim"] != "model" else where["heads"])
@@ -128,6 +131,11 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
         depth_alpha=spec.depth_alpha,
         base_width=spec.base_width,
         attention_scale=spec.attention_scale,
+        norm_weight_offset=spec.norm_weight_offset,
+        embed_scale=spec.embed_scale,
+        residual_multiplier=spec.residual_multiplier,
+        logit_multiplier=spec.logit_multiplier,
+        logit_softcap=spec.logit_softcap,
         **biases,
     )
 
@@ -144,6 +152,9 @@ def _check_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
     if heads % layer["kv_heads"]:
         raise SpecError(f"kv_heads {layer['kv_heads']} must divide heads {heads} (each key/value head serves a group of query heads)",
                         path=where["kv_heads"] if where["kv_heads"] != "model" else where["heads"])
+    if not family.causal and (layer["rope_theta"] is not None or not layer["rope"]):
+        key = "rope_theta" if layer["rope_theta"] is not None else "rope"
+        raise SpecError(f"a {spec.family} model has learned positions, not RoPE; remove {key}", path=where[key])
     if layer["window"] is not None and not family.causal:
         raise SpecError(f"a sliding window needs causal attention, and a {spec.family} model attends both ways; remove window",
                         path=where["window"])

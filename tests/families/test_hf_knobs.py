@@ -33,7 +33,8 @@ LLAMA3 = RopeScaling(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_f
 
 def llama(placement="pre", *, mix=None, overrides=(), pattern=(), **kw):
     """A tiny llama; the per-layer fields among the keyword arguments go to every layer (layers.default)."""
-    per_layer = {key: kw.pop(key) for key in ("window", "qk_norm", "v_norm", "layer_scale") if key in kw}
+    per_layer = {key: kw.pop(key) for key in ("window", "qk_norm", "v_norm", "layer_scale", "qk_norm_over", "mlp_act", "query_scale", "rope")
+                 if key in kw}
     layers = LayerRules(default=LayerSettings(placement=placement, **per_layer), mix_ln=MixLN(alpha=mix) if mix else None,
                         overrides=list(overrides), pattern=list(pattern))
     settings = dict(family="llama", width=32, depth=3, heads=2, ffn=64, vocab=VOCAB, context=48, layers=layers)
@@ -70,6 +71,15 @@ CASES = {
     "gemma-style local/global windows": llama(
         "sandwich", depth=4, heads=4, kv_heads=2, qk_norm=True, window=4, overrides=[LayerOverride(at=3, window=None)]),
     "windows by pattern + gqa": llama(depth=4, heads=4, kv_heads=1, pattern=[Pattern(every=2, offset=1, set=LayerSettings(window=3))]),
+    # other open decoders' knobs
+    "gemma-style: 1 + w norms, scaled embeddings, GeGLU, query scale, soft-capped logits, local RoPE base": llama(
+        "sandwich", depth=4, heads=4, kv_heads=2, qk_norm=True, window=5, norm_weight_offset=1.0, embed_scale=5.657, mlp_act="gelu_tanh",
+        query_scale=0.3, logit_softcap=30.0, tie_embeddings=True, rope_theta=1e6,
+        pattern=[Pattern(every=2, offset=0, set=LayerSettings(rope_theta=1e4))], overrides=[LayerOverride(at=3, window=None)]),
+    "olmo2-style: norms after each branch, q/k norms over the projection": llama("respost", heads=4, kv_heads=2, qk_norm=True,
+                                                                                 qk_norm_over="projection"),
+    "smollm3-style: no RoPE in every fourth layer": llama(depth=4, pattern=[Pattern(every=4, offset=3, set=LayerSettings(rope=False))]),
+    "granite-style multipliers": llama(embed_scale=12.0, residual_multiplier=0.22, logit_multiplier=0.125, query_scale=0.015625 * 4),
 }
 PADDED = [name for name, spec in CASES.items() if "window" in name or "gqa" in name]
 

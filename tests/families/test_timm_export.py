@@ -100,7 +100,7 @@ def test_the_card_gives_the_create_model_call(model_folder, tmp_path):
     (vit(norm_eps=1e-5), "norm eps 1e-05"),
     (vit(parametrization="mup", base_width=24), "logits scaled by 0.5 (muP)"),
     (vit(parametrization="mup", base_width=12, attention_scale="inverse"), "attention scores scaled by 0.5 beyond 1/sqrt(head_dim) (muP)"),
-    (vit(parametrization="completep", base_depth=1), "branches scaled by 0.5 (CompleteP)"),
+    (vit(parametrization="completep", base_depth=1), "branches scaled by 0.5 (CompleteP or a residual multiplier)"),
 ])
 def test_any_other_vit_is_refused_in_one_sentence(model_folder, tmp_path, capsys, spec, needle):
     src = model_folder(spec, tokenizer=False)

@@ -148,21 +148,21 @@ def test_a_format_bump_or_a_new_defaulted_field_renames_nothing():
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class NewerLayer(LayerSpec):
-        attn_logit_softcap: float | None = None
+        future_layer_knob: float | None = None
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class NewerSpec(ResolvedSpec):
-        embed_scale: float = 1.0
+        future_knob: float = 1.0
 
-    def newer(layer_cap=None, embed_scale=1.0):
-        layers = tuple(NewerLayer(**{f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)}, attn_logit_softcap=layer_cap)
+    def newer(layer_cap=None, future_knob=1.0):
+        layers = tuple(NewerLayer(**{f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)}, future_layer_knob=layer_cap)
                        for layer in resolved.layers)
         plain = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved) if f.name != "layers"}
-        return NewerSpec(**plain, layers=layers, embed_scale=embed_scale)
+        return NewerSpec(**plain, layers=layers, future_knob=future_knob)
 
     assert newer().arch_hash() == resolved.arch_hash()
     assert newer(layer_cap=50.0).arch_hash() != resolved.arch_hash()
-    assert newer(embed_scale=8.0).arch_hash() != resolved.arch_hash()
+    assert newer(future_knob=8.0).arch_hash() != resolved.arch_hash()
 
 
 def test_settings_a_spec_ignores_do_not_rename_it():

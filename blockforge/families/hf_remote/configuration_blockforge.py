@@ -17,7 +17,9 @@ SLOTS = ("in_norm", "branch_norm", "out_norm")
 SUBLAYER_KEYS = {*SLOTS, "residual_scale", "input_scale", "layer_scale", "branch_multiplier"}
 LAYER_KEYS = {"placement", "norm", "heads", "kv_heads", "head_dim", "ffn", "window", "qk_norm", "v_norm", "qkv_bias", "proj_bias", "mlp_bias",
               "attn", "mlp"}
-OPTIONAL_LAYER_KEYS = {"attention_scale"}  # the scores' scale when not 1/sqrt(head_dim) (muP); exports before it lack the key
+# Keys exports before them lack: the scores' scale when not 1/sqrt(head_dim) (muP, a query scale), a RoPE base of the
+# layer's own (null: the model's), RoPE on or off, q/k norms per head or over the whole projection, the MLP's activation.
+OPTIONAL_LAYER_KEYS = {"attention_scale", "rope_theta", "rope", "qk_norm_over", "mlp_act"}
 ROPE_SCALING_KEYS = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_context"}
 REQUIRED = ("vocab_size", "hidden_size", "max_position_embeddings", "norm", "norm_eps", "final_norm", "rope_theta", "tie_word_embeddings")
 
@@ -37,7 +39,10 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
     rope_theta: float | None = None  # interleaved RoPE: pairs (2j, 2j+1) of each head
     rope_frequency_scaling: dict | None = None  # Llama-3's: {type: llama3, factor, low_freq_factor, high_freq_factor, original_context}
     tie_word_embeddings: bool | None = None
-    readout_multiplier: float = 1.0  # the logits times this (muP's 1/m)
+    readout_multiplier: float = 1.0  # the logits times this (muP's 1/m, a logit multiplier)
+    logit_softcap: float | None = None  # logits c * tanh(logits / c) after the multiplier (Gemma 2)
+    embed_scale: float = 1.0  # the token embeddings times this (Gemma, Granite)
+    norm_weight_offset: float = 0.0  # RMSNorm gains used as offset + weight (Gemma: 1)
     layers: list | None = None
     num_hidden_layers: int | None = None
     use_cache: bool = True

@@ -27,32 +27,36 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_blockforge import BlockforgeLlamaConfig
 
-Rope = dict[int, tuple[torch.Tensor, torch.Tensor]]  # head size -> (cos, sin), each (B, 1, T, head size / 2)
+Rope = dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]]  # (head size, theta) -> (cos, sin), each (B, 1, T, head size / 2)
 Masks = dict[int | None, torch.Tensor | None]  # sliding window (None: global) -> the keys each new position sees
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in at least float32."""
+    """x / rms(x) * (offset + weight), computed in at least float32 (offset 1: Gemma's 1 + w)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.eps = eps
+        self.offset = offset
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        return F.rms_norm(wide, (x.shape[-1],), weight=self.weight.to(wide.dtype), eps=self.eps).to(x.dtype)
+        gain = self.weight.to(wide.dtype)
+        if self.offset != 0.0:
+            gain = gain + self.offset
+        return F.rms_norm(wide, (x.shape[-1],), weight=gain, eps=self.eps).to(x.dtype)
 
 
 class LayerNorm(nn.LayerNorm):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__(dim, eps=eps)
 
 
 class DyT(nn.Module):
     """Dynamic Tanh: weight * tanh(alpha * x) + bias, alpha a learned scalar (it has no eps)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), 0.5))
         self.weight = nn.Parameter(torch.ones(dim))
@@ -77,12 +81,12 @@ def rope_frequencies(size: int, theta: float, scaling: dict | None, device: torc
     return freq / scaling["factor"] * (1.0 - keep) + freq * keep
 
 
-def rope_tables(head_sizes: set[int], positions: torch.Tensor, theta: float, scaling: dict | None) -> Rope:
-    """cos and sin of p * w_j for every position p of `positions` (B, T), in float32."""
+def rope_tables(keys: set[tuple[int, float]], positions: torch.Tensor, scaling: dict | None) -> Rope:
+    """For each (head size, theta): cos and sin of p * w_j for every position p of `positions` (B, T), in float32."""
     tables = {}
-    for size in head_sizes:
+    for size, theta in keys:
         angles = positions.float()[..., None] * rope_frequencies(size, theta, scaling, positions.device)  # (B, T, size/2)
-        tables[size] = (angles.cos()[:, None], angles.sin()[:, None])
+        tables[(size, theta)] = (angles.cos()[:, None], angles.sin()[:, None])
     return tables
 
 
@@ -131,32 +135,41 @@ def visible_keys(padding: torch.Tensor | None, past: int, length: int, window: i
 class Attention(nn.Module):
     """Rows of qkv: heads * head_dim query rows, then kv_heads * head_dim key rows, then as many value rows."""
 
-    def __init__(self, width: int, layer: dict, eps: float, layer_index: int):
+    def __init__(self, width: int, layer: dict, eps: float, layer_index: int, rope_theta: float, offset: float = 0.0):
         super().__init__()
         self.heads, self.kv_heads, self.head_size = layer["heads"], layer["kv_heads"], layer["head_dim"]
         self.window = layer["window"]  # a causal sliding window of this many positions; None: global
         self.scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
+        theta = layer.get("rope_theta") or rope_theta
+        self.rope_key = (self.head_size, theta) if layer.get("rope", True) else None  # None: no RoPE here (NoPE)
+        self.qk_norm_over = layer.get("qk_norm_over", "head")  # per head, or over the whole projection (OLMo 2)
         self.layer_index = layer_index  # its place in the cache
         self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
 
-        def head_norm(present: bool) -> nn.Module | None:
-            return NORMS[layer["norm"]](self.head_size, eps) if present else None
+        def head_norm(present: bool, size: int) -> nn.Module | None:
+            return NORMS[layer["norm"]](size, eps, offset) if present else None
 
-        self.q_norm, self.k_norm, self.v_norm = head_norm(layer["qk_norm"]), head_norm(layer["qk_norm"]), head_norm(layer["v_norm"])
+        whole = self.qk_norm_over == "projection"
+        self.q_norm = head_norm(layer["qk_norm"], self.heads * self.head_size if whole else self.head_size)
+        self.k_norm = head_norm(layer["qk_norm"], self.kv_heads * self.head_size if whole else self.head_size)
+        self.v_norm = head_norm(layer["v_norm"], self.head_size)
 
     def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
         B, T, _ = x.shape
         hs = self.head_size
         q, k, v = self.qkv(x).split([self.heads * hs, self.kv_heads * hs, self.kv_heads * hs], dim=-1)
+        if self.q_norm is not None and self.qk_norm_over == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.view(B, T, self.heads, hs), k.view(B, T, self.kv_heads, hs), v.view(B, T, self.kv_heads, hs)
-        if self.q_norm is not None:  # per head, before RoPE
+        if self.q_norm is not None and self.qk_norm_over == "head":  # per head, before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
         if self.v_norm is not None:
             v = self.v_norm(v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads or kv_heads, T, hs)
-        cos, sin = rope[hs]
-        q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        if self.rope_key is not None:
+            cos, sin = rope[self.rope_key]
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_index)  # (B, kv_heads, past + T, hs): every key kept, the mask picks
         mask = masks[self.window]
@@ -166,15 +179,21 @@ class Attention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hs))
 
 
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
 class SwiGLU(nn.Module):
-    def __init__(self, width: int, hidden: int, bias: bool):
+    """down(act(gate(x)) * up(x)), act SiLU unless the layer says otherwise (gelu_tanh: GeGLU)."""
+
+    def __init__(self, width: int, hidden: int, bias: bool, act: str = "silu"):
         super().__init__()
         self.gate_up = nn.Linear(width, 2 * hidden, bias=bias)  # rows: gate, then up
         self.down = nn.Linear(hidden, width, bias=bias)
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(self.act(gate) * up)
 
 
 class Residual(nn.Module):
@@ -182,7 +201,7 @@ class Residual(nn.Module):
         super().__init__()
 
         def slot(name: str) -> nn.Module:
-            return NORMS[norm](config.hidden_size, config.norm_eps) if sublayer[name] else nn.Identity()
+            return NORMS[norm](config.hidden_size, config.norm_eps, config.norm_weight_offset) if sublayer[name] else nn.Identity()
 
         self.in_norm = slot("in_norm")
         self.branch = branch
@@ -216,9 +235,10 @@ class Block(GradientCheckpointingLayer):
     def __init__(self, config: BlockforgeLlamaConfig, index: int):
         super().__init__()
         layer = config.layers[index]
-        attention = Attention(config.hidden_size, layer, config.norm_eps, index)
+        attention = Attention(config.hidden_size, layer, config.norm_eps, index, config.rope_theta, config.norm_weight_offset)
         self.attn = Residual(attention, layer["attn"], layer["norm"], config)
-        self.mlp = Residual(SwiGLU(config.hidden_size, layer["ffn"], layer["mlp_bias"]), layer["mlp"], layer["norm"], config)
+        mlp = SwiGLU(config.hidden_size, layer["ffn"], layer["mlp_bias"], layer.get("mlp_act") or "silu")
+        self.mlp = Residual(mlp, layer["mlp"], layer["norm"], config)
 
     def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
         x = self.attn(x, rope=rope, masks=masks, cache=cache)
@@ -237,9 +257,9 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, index) for index in range(len(config.layers)))
-        self.final_norm = NORMS[config.norm](config.hidden_size, config.norm_eps) if config.final_norm else nn.Identity()
+        self.final_norm = NORMS[config.norm](config.hidden_size, config.norm_eps, config.norm_weight_offset) if config.final_norm else nn.Identity()
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.head_sizes = {layer["head_dim"] for layer in config.layers}
+        self.rope_keys = {block.attn.branch.rope_key for block in self.layers} - {None}
         self.windows = {layer["window"] for layer in config.layers}
         self.post_init()
 
@@ -280,6 +300,8 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         cache = self._one_cache(cache, past_key_values)
         self._refuse_unsupported(input_ids, inputs_embeds, output_attentions, kwargs)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
+        if self.config.embed_scale != 1.0:  # Gemma's sqrt(width), Granite's embedding multiplier (inputs_embeds too: as the lookup)
+            x = x * self.config.embed_scale
         length = x.shape[1]
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.training and self.is_gradient_checkpointing:
@@ -289,7 +311,7 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = default_positions(attention_mask, past, length, x.device)
-        rope = rope_tables(self.head_sizes, position_ids, self.config.rope_theta, self.config.rope_frequency_scaling)
+        rope = rope_tables(self.rope_keys, position_ids, self.config.rope_frequency_scaling)
         masks = {window: visible_keys(attention_mask, past, length, window, x.device) for window in self.windows}
         states = [x] if output_hidden_states else None
         for block in self.layers:
@@ -298,8 +320,10 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
                 states.append(x)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.head(self.final_norm(x[:, keep]))
-        if self.config.readout_multiplier != 1.0:  # muP
+        if self.config.readout_multiplier != 1.0:  # muP's 1/m, times a logit multiplier (Granite)
             logits = logits * self.config.readout_multiplier
+        if self.config.logit_softcap is not None:  # Gemma 2
+            logits = torch.tanh(logits / self.config.logit_softcap) * self.config.logit_softcap
         loss = None
         if labels is not None:
             extra = {"num_items_in_batch": kwargs["num_items_in_batch"]} if "num_items_in_batch" in kwargs else {}
