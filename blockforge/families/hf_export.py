@@ -31,6 +31,7 @@ from blockforge.nn.attention import Attention
 from blockforge.nn.block import Residual
 from blockforge.nn.mlp import SwiGLU
 from blockforge.nn.norms import NORMS
+from blockforge.spec.fields import module_fields
 from blockforge.spec.model import LayerSpec, ResolvedSpec
 from blockforge.spec.recipe import read_yaml, recipe_from_data
 from blockforge.spec.serialize import spec_from_yaml, spec_to_yaml
@@ -245,12 +246,12 @@ def layer_config(block: nn.Module, layer: LayerSpec, spec: ResolvedSpec) -> dict
         "kv_heads": attn.kv_heads,
         "head_dim": attn.head_dim,
         "ffn": mlp.down.in_features,
-        "window": attn.window,
         "attention_scale": attn.scale,  # None: 1/sqrt(head_dim); else the scores' scale (muP, a query scale)
         "rope": attn.rope_key is not None,
         "rope_theta": attn.rope_key[1] if attn.rope_key is not None else None,
-        "qk_norm_over": attn.qk_norm_over,
-        "mlp_act": mlp.act_name,
+        # the declared fields the attention and the MLP hold (spec/fields.py), as the modules hold them
+        **{f.name: getattr(attn, f.name) for f in module_fields("attn")},
+        **{f.name: getattr(mlp, f.name) for f in module_fields("mlp")},
         "qk_norm": head_norms["q_norm"],
         "v_norm": head_norms["v_norm"],
         "qkv_bias": attn.qkv.bias is not None,

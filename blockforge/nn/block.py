@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from blockforge.nn.attention import Attention, KVCache, LayerCache
 from blockforge.nn.init import SeededInit
 from blockforge.nn.norms import make_norm
+from blockforge.spec.fields import module_fields
 from blockforge.spec.model import LayerSpec, ResolvedSpec
 from blockforge.spec.placements import Placement, get_placement
 
@@ -79,15 +80,18 @@ def build_block(spec: ResolvedSpec, layer: LayerSpec, *, mlp: type[nn.Module], c
     def norm(dim: int = spec.width) -> nn.Module:
         return make_norm(layer.norm, dim, spec.norm_eps, spec.dyt_alpha, spec.norm_weight_offset)
 
+    def declared(module: str) -> dict:  # the per-layer fields spec/fields.py gives this module, by name
+        return {f.name: getattr(layer, f.name) for f in module_fields(module)}
+
     rope_theta = spec.value(layer, "rope_theta") if layer.rope and causal else None  # vit: learned positions, no RoPE
     attn = Attention(spec.width, layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, bias=spec.qkv_bias,
-                     proj_bias=spec.proj_bias, causal=causal, backend=spec.attention, window=layer.window, head_norm=norm,
-                     qk_norm=layer.qk_norm, v_norm=layer.v_norm, score_multiplier=spec.attention_multiplier(layer), rope_theta=rope_theta,
-                     query_scale=layer.query_scale, qk_norm_over=layer.qk_norm_over)
+                     proj_bias=spec.proj_bias, causal=causal, backend=spec.attention, head_norm=norm, qk_norm=layer.qk_norm,
+                     v_norm=layer.v_norm, score_multiplier=spec.attention_multiplier(layer), rope_theta=rope_theta,
+                     query_scale=layer.query_scale, **declared("attn"))
     scale = dict(layer_scale=layer.layer_scale, width=spec.width, branch_multiplier=spec.branch_multiplier)
     return Block(
         Residual(attn, attn_placement, norm, layer.index, spec.depth, **scale),
-        Residual(mlp(spec.width, layer.ffn, bias=spec.mlp_bias, act=layer.mlp_act), mlp_placement, norm, layer.index, spec.depth, **scale),
+        Residual(mlp(spec.width, layer.ffn, bias=spec.mlp_bias, **declared("mlp")), mlp_placement, norm, layer.index, spec.depth, **scale),
     )
 
 

@@ -19,14 +19,14 @@ def activation(name: str | None, default: str):
 
 
 class SwiGLU(nn.Module):
-    """down(act(gate(x)) * up(x)); act is SiLU unless `act` says otherwise (gelu_tanh: GeGLU)."""
+    """down(act(gate(x)) * up(x)); act is SiLU unless `mlp_act` says otherwise (gelu_tanh: GeGLU)."""
 
-    def __init__(self, width: int, hidden: int, *, bias: bool = False, act: str | None = None):
+    def __init__(self, width: int, hidden: int, *, bias: bool = False, mlp_act: str | None = None):
         super().__init__()
         self.gate_up = nn.Linear(width, 2 * hidden, bias=bias)  # rows: gate, then up
         self.down = nn.Linear(hidden, width, bias=bias)
-        self.act_name = act or "silu"
-        self.act = activation(act, "silu")
+        self.mlp_act = mlp_act or "silu"
+        self.act = activation(mlp_act, "silu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -38,14 +38,14 @@ class SwiGLU(nn.Module):
 
 
 class GeluMLP(nn.Module):
-    """fc2(act(fc1(x))); act is the exact GELU unless `act` says otherwise."""
+    """fc2(act(fc1(x))); act is the exact GELU unless `mlp_act` says otherwise."""
 
-    def __init__(self, width: int, hidden: int, *, bias: bool = True, act: str | None = None):
+    def __init__(self, width: int, hidden: int, *, bias: bool = True, mlp_act: str | None = None):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, width, bias=bias)
-        self.act_name = act or "gelu"
-        self.act = activation(act, "gelu")
+        self.mlp_act = mlp_act or "gelu"
+        self.act = activation(mlp_act, "gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

@@ -44,6 +44,10 @@ class LayerField:
     # not change the function computed). Each export adds what its library holds of a uniform value.
     plain: str = "uniform"
     plain_says: str = ""  # what a layer away from the default has, for refusals: "sliding windows"
+    # The module that acts on it: "attn" or "mlp" get it as a keyword argument of that name when a block is built
+    # (nn/block.build_block), hold it as an attribute of that name, and the transformers remote code reads it from
+    # there into the layer's config (families/hf_export.layer_config). None: used elsewhere (named in its help).
+    module: str | None = None
 
     def check(self, value: Any, path: str) -> None:
         """An authored (or resolved) value of this field."""
@@ -101,7 +105,7 @@ LAYER_FIELDS: list[LayerField] = [
     LayerField("ffn", int, "MLP hidden width", minimum=0, column="always", ramp=_ramp_ffn, start=lambda spec, family: spec.default_ffn(),
                required=True),
     LayerField("window", int, "a causal sliding window of this many positions (itself included); null: global", nullable=True, minimum=0,
-               plain="default", plain_says="sliding windows"),
+               plain="default", plain_says="sliding windows", module="attn"),
     LayerField("norm", str, "this layer's norms (default: the model's)", choices=("rmsnorm", "layernorm", "dyt"),
                start=lambda spec, family: spec.norm or family.default_norm, left_out=lambda layer, spec: spec.norm, resolved_default=None),
     LayerField("qk_norm", bool, "normalize queries and keys per head, before RoPE", default=False, plain_says="query and key norms"),
@@ -110,7 +114,7 @@ LAYER_FIELDS: list[LayerField] = [
     LayerField("layer_scale", float, "a per-channel gain on each branch's output, initialized to this; null: none", nullable=True,
                minimum=0, zero=True, plain_says="layer scales"),
     LayerField("mlp_act", str, "the MLP's activation (llama: of the gate; default: the family's)", choices=("silu", "gelu_tanh", "gelu"),
-               inherit=lambda spec, family: family.default_activation, hashed=False, plain_says="MLP activations of their own"),
+               inherit=lambda spec, family: family.default_activation, hashed=False, plain_says="MLP activations of their own", module="mlp"),
     LayerField("rope", bool, "rotary position embeddings on queries and keys; false: none (NoPE)", default=True, hashed=False,
                plain="default", plain_says="layers without RoPE"),
     LayerField("rope_theta", float, "this layer's RoPE base (default: the model's)", minimum=0, hashed=False,
@@ -118,7 +122,7 @@ LAYER_FIELDS: list[LayerField] = [
     LayerField("query_scale", float, "attention scores times this instead of 1/sqrt(head_dim); null: 1/sqrt(head_dim)", nullable=True,
                minimum=0, hashed=False, plain="default", plain_says="a query scale of their own"),
     LayerField("qk_norm_over", str, "what qk_norm normalizes: each head, or the whole query (key) projection (OLMo 2)", default="head",
-               choices=("head", "projection"), hashed=False, plain="default", plain_says="q/k norms over the whole projection"),
+               choices=("head", "projection"), hashed=False, plain="default", plain_says="q/k norms over the whole projection", module="attn"),
     LayerField("init_scale", float, "multiplies the init std of the layer's linear weights", default=1.0, minimum=0, column="always",
                ramp=_value_ramp("init_scale"), ramp_rounds=False, plain="free"),
     LayerField("lr_mult", float, "multiplies the learning rate of the layer's parameters", default=1.0, minimum=0, zero=True,
@@ -153,3 +157,8 @@ def plain_problems(spec, keep_default: tuple[str, ...] = (), presence: tuple[str
         elif len(set(values)) > 1:
             differ.append(f.name)
     return differ, extra
+
+
+def module_fields(module: str) -> list[LayerField]:
+    """The fields the `module` ("attn" or "mlp") of a block takes by name."""
+    return [f for f in LAYER_FIELDS if f.module == module]

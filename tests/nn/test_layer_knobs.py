@@ -84,7 +84,7 @@ ACTIVATIONS = {"silu": lambda t: t * torch.sigmoid(t),
 
 def mlp_by_hand(mlp, x):
     gate, up = (x @ mlp.gate_up.weight.T).split(FFN, -1)
-    return (ACTIVATIONS[mlp.act_name](gate) * up) @ mlp.down.weight.T
+    return (ACTIVATIONS[mlp.mlp_act](gate) * up) @ mlp.down.weight.T
 
 
 def sublayer_by_hand(residual, placement, f, x):
