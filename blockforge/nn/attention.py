@@ -97,6 +97,19 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, wind
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
 
 
+def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, past: int, scale: float | None,
+                cap: float) -> torch.Tensor:
+    """Attention with scores c * tanh(scores / c) before the mask and softmax (Gemma 2): no fused kernel does that."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device), float("-inf"))
+    return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
+
+
 def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
               scale: float | None = None) -> torch.Tensor:
     if q.device.type != "cuda":
@@ -151,7 +164,7 @@ class Attention(nn.Module):
                  head_dim: int | None = None, proj_bias: bool | None = None, window: int | None = None,
                  head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False,
                  score_multiplier: float = 1.0, rope_theta: float | None = None, query_scale: float | None = None,
-                 qk_norm_over: str = "head"):
+                 qk_norm_over: str = "head", attn_logit_softcap: float | None = None):
         super().__init__()
         self.width = width
         self.heads = heads
@@ -165,6 +178,7 @@ class Attention(nn.Module):
         base = query_scale if query_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.scale = None if score_multiplier == 1.0 and query_scale is None else score_multiplier * base
         self.rope_key = (self.head_dim, rope_theta) if rope_theta is not None else None  # None: no RoPE in this layer (NoPE)
+        self.attn_logit_softcap = attn_logit_softcap
         self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)
         # per head, or (OLMo 2) over the whole query and key projections
@@ -209,7 +223,9 @@ class Attention(nn.Module):
         if cache is not None:
             past = cache.keys.shape[2] if cache.keys is not None else 0
             k, v = cache.extend(k, v)
-        if past:
+        if self.attn_logit_softcap is not None:
+            y = _softcapped(q, k, v, self.causal, self.window, past, self.scale, self.attn_logit_softcap)
+        elif past:
             y = _sdpa(q, k, v, self.causal, self.window, past, scale=self.scale)  # cached steps always take SDPA
         else:
             y = self.kernel(q, k, v, self.causal, self.window, scale=self.scale)  # (B, heads, T, hs)

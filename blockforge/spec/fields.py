@@ -123,6 +123,8 @@ LAYER_FIELDS: list[LayerField] = [
                minimum=0, hashed=False, plain="default", plain_says="a query scale of their own"),
     LayerField("qk_norm_over", str, "what qk_norm normalizes: each head, or the whole query (key) projection (OLMo 2)", default="head",
                choices=("head", "projection"), hashed=False, plain="default", plain_says="q/k norms over the whole projection", module="attn"),
+    LayerField("attn_logit_softcap", float, "attention scores c * tanh(scores / c) before the softmax (Gemma 2); null: none",
+               nullable=True, minimum=0, hashed=False, plain="default", plain_says="soft-capped attention scores", module="attn"),
     LayerField("init_scale", float, "multiplies the init std of the layer's linear weights", default=1.0, minimum=0, column="always",
                ramp=_value_ramp("init_scale"), ramp_rounds=False, plain="free"),
     LayerField("lr_mult", float, "multiplies the learning rate of the layer's parameters", default=1.0, minimum=0, zero=True,

@@ -143,6 +143,7 @@ class Attention(nn.Module):
         theta = layer.get("rope_theta") or rope_theta
         self.rope_key = (self.head_size, theta) if layer.get("rope", True) else None  # None: no RoPE here (NoPE)
         self.qk_norm_over = layer.get("qk_norm_over", "head")  # per head, or over the whole projection (OLMo 2)
+        self.attn_logit_softcap = layer.get("attn_logit_softcap")  # scores c * tanh(scores / c) (Gemma 2)
         self.layer_index = layer_index  # its place in the cache
         self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
@@ -174,8 +175,19 @@ class Attention(nn.Module):
             k, v = cache.update(k, v, self.layer_index)  # (B, kv_heads, past + T, hs): every key kept, the mask picks
         mask = masks[self.window]
         scale = {"scale": self.scale} if self.scale is not None else {}
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.kv_heads != self.heads,
-                                           **scale)
+        if self.attn_logit_softcap is not None:  # no fused kernel caps scores: written out
+            groups = self.heads // self.kv_heads
+            keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            scores = q @ keys.transpose(-2, -1) * (self.scale if self.scale is not None else hs ** -0.5)
+            scores = torch.tanh(scores / self.attn_logit_softcap) * self.attn_logit_softcap
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            elif T > 1:
+                scores = scores.masked_fill(~torch.ones(T, keys.shape[2], dtype=torch.bool, device=q.device).tril(keys.shape[2] - T), float("-inf"))
+            y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                               enable_gqa=self.kv_heads != self.heads, **scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hs))
 
 
