@@ -33,7 +33,8 @@ LLAMA3 = RopeScaling(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_f
 
 def llama(placement="pre", *, mix=None, overrides=(), pattern=(), **kw):
     """A tiny llama; the per-layer fields among the keyword arguments go to every layer (layers.default)."""
-    per_layer = {key: kw.pop(key) for key in ("window", "qk_norm", "v_norm", "layer_scale", "qk_norm_over", "mlp_act", "query_scale", "rope")
+    per_layer = {key: kw.pop(key) for key in ("window", "qk_norm", "v_norm", "layer_scale", "qk_norm_over", "mlp_act", "query_scale", "rope",
+                                              "attn_logit_softcap")
                  if key in kw}
     layers = LayerRules(default=LayerSettings(placement=placement, **per_layer), mix_ln=MixLN(alpha=mix) if mix else None,
                         overrides=list(overrides), pattern=list(pattern))
@@ -74,7 +75,7 @@ CASES = {
     # other open decoders' knobs
     "gemma-style: 1 + w norms, scaled embeddings, GeGLU, query scale, soft-capped logits, local RoPE base": llama(
         "sandwich", depth=4, heads=4, kv_heads=2, qk_norm=True, window=5, norm_weight_offset=1.0, embed_scale=5.657, mlp_act="gelu_tanh",
-        query_scale=0.3, logit_softcap=30.0, tie_embeddings=True, rope_theta=1e6,
+        query_scale=0.3, logit_softcap=30.0, attn_logit_softcap=5.0, tie_embeddings=True, rope_theta=1e6,
         pattern=[Pattern(every=2, offset=0, set=LayerSettings(rope_theta=1e4))], overrides=[LayerOverride(at=3, window=None)]),
     "olmo2-style: norms after each branch, q/k norms over the projection": llama("respost", heads=4, kv_heads=2, qk_norm=True,
                                                                                  qk_norm_over="projection"),

@@ -70,6 +70,8 @@ def attention_by_hand(attn, x, rope):
     for head in range(h):
         group = head // (h // kv)  # query head -> the key/value head it shares
         scores = q[:, :, head] @ k[:, :, group].transpose(-1, -2) * scale  # (B, T, T)
+        if attn.attn_logit_softcap is not None:
+            scores = attn.attn_logit_softcap * torch.tanh(scores / attn.attn_logit_softcap)
         i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
         allowed = (j <= i) & ((j > i - attn.window) if attn.window is not None else True)
         heads.append(scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v[:, :, group])
@@ -122,6 +124,7 @@ KNOBS = {
     "exact gelu gate": ({"mlp_act": "gelu"}, {}),
     "RMSNorm gains as 1 + w, q/k norms too": ({"qk_norm": True}, {"norm_weight_offset": 1.0}),
     "residual multiplier": ({}, {"residual_multiplier": 0.22}),
+    "attention-logit soft-cap, GQA, window": ({"attn_logit_softcap": 0.7, "kv_heads": 2, "window": 3}, {}),
 }
 
 
