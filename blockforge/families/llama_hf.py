@@ -1,12 +1,19 @@
-"""Weights to and from Hugging Face's `transformers.LlamaForCausalLM` (a uniform Pre-LN llama).
+"""Weights from Hugging Face's open decoders into a blockforge llama, and to `transformers.LlamaForCausalLM`.
 
-Llama-2/3, TinyLlama, Mistral (one sliding window) and Qwen2 (q/k/v biases, per-layer layer_types)
-configurations convert; anything blockforge does not model (other rope scalings, other model types,
-...) is refused with a sentence naming it, never silently dropped. Every conversion checks its result
-against its source on a random input (families/conversion.py).
+from_hf_llama converts Llama-2/3, TinyLlama, Mistral (one sliding window), Qwen2 (q/k/v biases, per-layer
+layer_types), Qwen3 (q/k norms), OLMo 2 (norms after each branch, q/k norms over the whole projection),
+Gemma (1 + w norms, scaled embeddings, GeGLU), Gemma 2 (sandwich norms, query scale, soft-capped attention
+and logits, alternating windows), Gemma 3 text (q/k norms, 5 local : 1 global layers with their own RoPE
+base), Phi-3 (fused q/k/v and gate/up), SmolLM3 (no RoPE in some layers) and Granite (embedding, residual,
+attention and logit multipliers). Anything blockforge does not model (other rope scalings, partial rotary
+embeddings, other model types, ...) is refused with a sentence naming it, never silently dropped. Every
+conversion checks its result against its source on random tokens past its longest window
+(families/conversion.py). to_hf_llama goes the other way for uniform Pre-LN RMSNorm llamas.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,8 +36,31 @@ def _interleaved_to_half_split(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-CONVERTED_TYPES = ("llama", "mistral", "qwen2")  # LlamaForCausalLM's computation; Mistral adds a window, Qwen2 q/k/v biases
 ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class Design:
+    """How a Hugging Face decoder's layers are built, in blockforge's terms (what a config does not say)."""
+
+    placement: str = "pre"  # pre | respost (OLMo 2: norms after each branch) | sandwich (Gemma 2/3: before and after)
+    qk_norm: str | None = None  # per "head" (Qwen3, Gemma 3) or over the whole "projection" (OLMo 2); None: none
+    norm_offset: float = 0.0  # RMSNorm gains as 1 + w (Gemma)
+    fused: bool = False  # one qkv_proj and one gate_up_proj (Phi-3)
+    activation_key: str = "hidden_act"  # the config key naming the MLP's activation
+
+
+DESIGNS = {
+    "llama": Design(), "mistral": Design(), "qwen2": Design(), "granite": Design(), "smollm3": Design(),
+    "qwen3": Design(qk_norm="head"),
+    "olmo2": Design(placement="respost", qk_norm="projection"),
+    "gemma": Design(norm_offset=1.0, activation_key="hidden_activation"),
+    "gemma2": Design(placement="sandwich", norm_offset=1.0, activation_key="hidden_activation"),
+    "gemma3_text": Design(placement="sandwich", qk_norm="head", norm_offset=1.0, activation_key="hidden_activation"),
+    "phi3": Design(fused=True),
+}
+CONVERTED_TYPES = tuple(DESIGNS)
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # transformers' names -> blockforge's
 
 
 def _float32_copy(model: nn.Module) -> nn.Module:
@@ -39,80 +69,141 @@ def _float32_copy(model: nn.Module) -> nn.Module:
     return model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
 
 
-def _rope_of(config) -> dict:
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return {"rope_type": rope.get("rope_type", rope.get("type", "default")), "rope_theta": rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)), **rope}
+def _rope_of(rope: dict | None, config) -> dict:
+    rope = rope or {}
+    return {**rope, "rope_type": rope.get("rope_type", rope.get("type", "default")),
+            "rope_theta": rope.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)}
+
+
+def _ropes(config) -> list[dict]:
+    """Each layer's RoPE settings as the source computes them (Gemma 3: one per layer type)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):  # per layer type
+        return [_rope_of(params.get(kind), config) for kind in types]
+    return [_rope_of(params, config)] * config.num_hidden_layers
 
 
 def _layer_windows(hf_model: nn.Module) -> list[int | None]:
     """Each layer's sliding window (None: global) as the source's code applies it, not as a config field claims:
-    Llama attends globally; Mistral windows every layer with `sliding_window` (its code ignores `layer_types`);
-    Qwen2's attention modules carry their own window. A window as long as the context excludes nothing."""
+    Llama attends globally; Mistral and Phi-3 window every layer with `sliding_window` (Mistral's code ignores
+    `layer_types`); the others' attention modules carry their own window. A window as long as the context
+    excludes nothing."""
     config = hf_model.config
     layers = hf_model.model.layers
-    if config.model_type == "mistral":
+    if config.model_type in ("mistral", "phi3"):
         windows = [getattr(config, "sliding_window", None)] * len(layers)
-    elif config.model_type == "qwen2":
-        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in layers]
-    else:
+    elif config.model_type == "llama":
         windows = [None] * len(layers)
+    else:
+        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in layers]
     return [window if window is not None and window < config.max_position_embeddings else None for window in windows]
 
 
-def _spec_from_config(config, what: str, windows: list[int | None]) -> ModelSpec:
-    """The ModelSpec of a Llama-style Hugging Face config with the layers' `windows`, or a ConversionError naming
-    what blockforge cannot hold."""
+def _layer_ropes(hf_model: nn.Module) -> list[bool]:
+    """Whether each layer rotates its queries and keys (SmolLM3 leaves RoPE out of some: NoPE)."""
+    return [bool(getattr(layer.self_attn, "use_rope", True)) for layer in hf_model.model.layers]
+
+
+def _spec_from_config(config, what: str, windows: list[int | None], ropes: list[bool] | None = None) -> ModelSpec:
+    """The ModelSpec of a Hugging Face decoder config with the layers' `windows` (and RoPE on or off), or a
+    ConversionError naming what blockforge cannot hold."""
+    design = DESIGNS[config.model_type]
     heads = config.num_attention_heads
-    rope = _rope_of(config)
-    # Only Qwen2's code reads layer_types; Mistral's ignores them.
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"]) if config.model_type == "qwen2" else {"full_attention"}
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    layer_ropes = _ropes(config)
+    act = getattr(config, design.activation_key, None) or getattr(config, "hidden_act", None)
+    partial = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    kinds = {r["rope_type"] for r in layer_ropes}
     refusals = {
-        f"rope type '{rope['rope_type']}' (blockforge models {', '.join(ROPE_TYPES)})": rope["rope_type"] not in ROPE_TYPES,
-        f"activation '{config.hidden_act}'": config.hidden_act != "silu",
-        f"layer types {sorted(kinds - {'full_attention', 'sliding_attention'})}": not kinds <= {"full_attention", "sliding_attention"},
-        "sliding layers without a window size": "sliding_attention" in kinds and getattr(config, "sliding_window", None) is None,
+        f"rope type {sorted(kinds - set(ROPE_TYPES))} (blockforge models {', '.join(ROPE_TYPES)})": not kinds <= set(ROPE_TYPES),
+        "llama3 RoPE scaling in some layers only": "llama3" in kinds and len(kinds) > 1,
+        f"activation '{act}'": act not in ACTIVATIONS,
+        f"partial rotary embeddings (factor {partial})": partial not in (None, 1.0),
+        "layer types other than full and sliding attention": not set(getattr(config, "layer_types", None) or ["full_attention"]) <= {
+            "full_attention", "sliding_attention"},
+        "bidirectional attention": bool(getattr(config, "use_bidirectional_attention", False)),
     }
     for feature, present in refusals.items():
         if present:
             raise ConversionError(f"{what} uses {feature}, which blockforge's llama does not model")
-    qwen = config.model_type == "qwen2"
-    attention_bias = bool(getattr(config, "attention_bias", False))
     scaling = None
-    if rope["rope_type"] == "llama3":
-        scaling = RopeScaling(type="llama3", factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-                              high_freq_factor=float(rope["high_freq_factor"]), original_context=int(rope["original_max_position_embeddings"]))
-    overrides = [LayerOverride(at=[i for i, w in enumerate(windows) if w == window], window=window) for window in sorted(set(windows) - {None})]
+    first = layer_ropes[0]
+    if first["rope_type"] == "llama3":
+        scaling = RopeScaling(type="llama3", factor=float(first["factor"]), low_freq_factor=float(first["low_freq_factor"]),
+                              high_freq_factor=float(first["high_freq_factor"]), original_context=int(first["original_max_position_embeddings"]))
+    thetas = [float(r["rope_theta"]) for r in layer_ropes]
+    model_theta = max(set(thetas), key=thetas.count)
+    ropes = ropes or [True] * config.num_hidden_layers
+    gemma = config.model_type.startswith("gemma")
+    granite = config.model_type == "granite"
+    query_scale = None
+    if getattr(config, "query_pre_attn_scalar", None) is not None and config.model_type in ("gemma2", "gemma3_text"):
+        query_scale = float(config.query_pre_attn_scalar) ** -0.5
+    if granite:
+        query_scale = float(config.attention_multiplier)
+    softcap = getattr(config, "attn_logit_softcapping", None) if config.model_type in ("gemma2", "gemma3_text") else None
+    overrides = []
+    for i in range(config.num_hidden_layers):
+        settings = {}
+        if windows[i] is not None:
+            settings["window"] = windows[i]
+        if thetas[i] != model_theta:
+            settings["rope_theta"] = thetas[i]
+        if not ropes[i]:
+            settings["rope"] = False
+        if settings:
+            overrides.append(LayerOverride(at=[i], **settings))
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    default = LayerSettings(placement=design.placement, qk_norm=design.qk_norm is not None, qk_norm_over=design.qk_norm or "head",
+                            mlp_act=ACTIVATIONS[act], query_scale=query_scale, attn_logit_softcap=softcap)
     return ModelSpec(
-        family="llama", width=config.hidden_size, depth=config.num_hidden_layers, heads=heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        family="llama", width=config.hidden_size, depth=config.num_hidden_layers, heads=heads, head_dim=head_dim,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads, ffn=config.intermediate_size, vocab=config.vocab_size,
-        context=config.max_position_embeddings, norm_eps=config.rms_norm_eps, rope_theta=float(rope["rope_theta"]), rope_scaling=scaling,
-        tie_embeddings=bool(config.tie_word_embeddings), qkv_bias=attention_bias or qwen, proj_bias=attention_bias,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
-        layers=LayerRules(default=LayerSettings(placement="pre"), overrides=overrides),
+        context=config.max_position_embeddings, norm_eps=config.rms_norm_eps,
+        rope_theta=model_theta, rope_scaling=scaling,
+        tie_embeddings=bool(config.tie_word_embeddings), qkv_bias=attention_bias or config.model_type == "qwen2", proj_bias=attention_bias,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)), norm_weight_offset=design.norm_offset,
+        embed_scale=float(config.hidden_size) ** 0.5 if gemma else float(getattr(config, "embedding_multiplier", 1.0)),
+        residual_multiplier=float(getattr(config, "residual_multiplier", 1.0)) if granite else 1.0,
+        logit_multiplier=1.0 / float(config.logits_scaling) if granite else 1.0,
+        logit_softcap=getattr(config, "final_logit_softcapping", None) if config.model_type in ("gemma2", "gemma3_text") else None,
+        layers=LayerRules(default=default, overrides=overrides),
     )
 
 
-def _check_rotary_buffers(source: TensorSource, frequencies: torch.Tensor, what: str) -> None:
-    """The source's rotary frequencies must be the ones blockforge computes (no other scaling hidden in them),
-    as its buffers' dtype holds them (a model cast to float16 holds them rounded)."""
+def _frequency_tables(spec: ResolvedSpec) -> list[torch.Tensor]:
+    """The rotary frequencies of each (head_dim, theta) the model's layers use."""
+    keys = sorted({(layer.head_dim, spec.value(layer, "rope_theta")) for layer in spec.layers if layer.rope})
+    return [rope_frequencies(dim, theta, spec.rope_scaling) for dim, theta in keys]
+
+
+def _matching(tensor: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor | None:
+    """The table a rotary buffer holds, as its dtype holds it (a model cast to float16 holds them rounded)."""
+    return next((t for t in tables if t.shape == tensor.shape and torch.allclose(tensor.float().cpu(), t.to(tensor.dtype).float(), rtol=1e-5)), None)
+
+
+def _check_rotary_buffers(source: TensorSource, tables: list[torch.Tensor], what: str) -> None:
+    """The source's rotary frequencies must be ones blockforge computes (no other scaling hidden in them)."""
     for name, tensor in source.tensors.items():
-        if name.endswith("inv_freq") and not torch.allclose(tensor.float().cpu(), frequencies.to(tensor.dtype).float(), rtol=1e-5):
+        if name.endswith("inv_freq") and _matching(tensor, tables) is None:
             raise ConversionError(f"{what}'s rotary frequencies ({name}) are not those of its rope settings; blockforge does not model that")
 
 
-def _float32_reference(hf_model: nn.Module, frequencies: torch.Tensor) -> nn.Module:
+def _float32_reference(hf_model: nn.Module, tables: list[torch.Tensor]) -> nn.Module:
     """The source as the float32 model the conversion holds (the source itself when it is float32): weights cast
     exactly, rotary frequencies set to their float32 values, which a half-precision buffer holds rounded."""
     if all(t.dtype == torch.float32 for t in (*hf_model.parameters(), *hf_model.buffers()) if t.is_floating_point()):
         return hf_model
     import copy
 
-    reference = copy.deepcopy(hf_model).float()
+    reference = copy.deepcopy(hf_model)
+    originals = dict(hf_model.named_buffers())
+    reference.float()
     with torch.no_grad():
         for name, buffer in reference.named_buffers():
             if name.endswith("inv_freq"):
-                buffer.copy_(frequencies)
+                buffer.copy_(_matching(originals[name], tables))
     return reference
 
 
@@ -124,52 +215,78 @@ def _say_precision(hf_model: nn.Module, what: str) -> None:
 
 
 def from_hf_llama(hf_model: nn.Module) -> nn.Module:
-    """A blockforge llama with the weights of a Hugging Face Llama, Mistral or Qwen2 causal LM (every layer Pre-LN).
+    """A blockforge llama with the weights of a Hugging Face decoder: Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma,
+    Gemma 2, Gemma 3 (text), Phi-3, SmolLM3 or Granite (DESIGNS says how each is built).
 
     Every tensor of the source is mapped or the conversion is refused by name; the result is then run
-    beside the source on a random input and refused unless the logits agree within 1e-4.
+    beside the source on random tokens past its longest window and refused unless the logits agree within 1e-4.
     """
     what = f"this {type(hf_model).__name__}"
-    if getattr(hf_model.config, "model_type", None) not in CONVERTED_TYPES:
-        raise ConversionError(f"{what} has model_type '{getattr(hf_model.config, 'model_type', None)}'; "
-                              f"from_hf_llama converts {', '.join(CONVERTED_TYPES)}")
-    spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model)))
+    kind = getattr(hf_model.config, "model_type", None)
+    if kind not in DESIGNS:
+        raise ConversionError(f"{what} has model_type '{kind}'; from_hf_llama converts {', '.join(CONVERTED_TYPES)}")
+    design = DESIGNS[kind]
+    spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model), _layer_ropes(hf_model)))
     model = build_model(spec)
-    source = TensorSource(hf_model, what, ignore=lambda name: name.endswith("inv_freq"))
-    frequencies = rope_frequencies(spec.layers[0].head_dim, spec.rope_theta, spec.rope_scaling)
-    _check_rotary_buffers(source, frequencies, what)
+    source = TensorSource(hf_model, what, ignore=lambda name: name.endswith("inv_freq") or name.endswith("embed_scale"))
+    tables = _frequency_tables(spec)
+    _check_rotary_buffers(source, tables, what)
     _say_precision(hf_model, what)
     source.copy_into(model.embed.weight, "model.embed_tokens.weight")
+    slots = {  # blockforge's norm slots <- the source's names, per placement
+        "pre": {("attn", "in_norm"): "input_layernorm", ("mlp", "in_norm"): "post_attention_layernorm"},
+        "respost": {("attn", "branch_norm"): "post_attention_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
+        "sandwich": {("attn", "in_norm"): "input_layernorm", ("attn", "branch_norm"): "post_attention_layernorm",
+                     ("mlp", "in_norm"): "pre_feedforward_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
+    }[design.placement]
     for i, (block, layer) in enumerate(zip(model.layers, spec.layers)):
         prefix = f"model.layers.{i}."
-        source.copy_into(block.attn.in_norm.weight, prefix + "input_layernorm.weight")
-        for kind in ("weight", "bias"):
-            if getattr(block.attn.branch.qkv, kind) is None:
+        for (sub, slot), name in slots.items():
+            source.copy_into(getattr(getattr(block, sub), slot).weight, prefix + f"{name}.weight")
+        attn = block.attn.branch
+        q_rows, k_rows = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim
+        for part in ("weight", "bias"):
+            if getattr(attn.qkv, part) is None:
                 continue
-            q = _half_split_to_interleaved(source.take(prefix + f"self_attn.q_proj.{kind}"), layer.heads)
-            k = _half_split_to_interleaved(source.take(prefix + f"self_attn.k_proj.{kind}"), layer.kv_heads)
-            fused = torch.cat([q, k, source.take(prefix + f"self_attn.v_proj.{kind}")])
-            _copy_checked(getattr(block.attn.branch.qkv, kind), fused, prefix + f"self_attn.q/k/v_proj.{kind}", what)
-        source.copy_into(block.attn.branch.proj.weight, prefix + "self_attn.o_proj.weight")
+            if design.fused:
+                q, k, v = source.take(prefix + f"self_attn.qkv_proj.{part}").split([q_rows, k_rows, k_rows])
+            else:
+                q, k, v = (source.take(prefix + f"self_attn.{x}_proj.{part}") for x in "qkv")
+            fused = torch.cat([_half_split_to_interleaved(q, layer.heads), _half_split_to_interleaved(k, layer.kv_heads), v])
+            _copy_checked(getattr(attn.qkv, part), fused, prefix + f"self_attn.q/k/v_proj.{part}", what)
+        if design.qk_norm is not None:  # the norm's gains follow the rows they scale
+            for name, heads in (("q_norm", layer.heads), ("k_norm", layer.kv_heads)):
+                gains = source.take(prefix + f"self_attn.{name}.weight")
+                _copy_checked(getattr(attn, name).weight, _half_split_to_interleaved(gains, heads if design.qk_norm == "projection" else 1),
+                              prefix + f"self_attn.{name}.weight", what)
+        source.copy_into(attn.proj.weight, prefix + "self_attn.o_proj.weight")
         if spec.proj_bias:
-            source.copy_into(block.attn.branch.proj.bias, prefix + "self_attn.o_proj.bias")
-        source.copy_into(block.mlp.in_norm.weight, prefix + "post_attention_layernorm.weight")
-        for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
-            gate_up = torch.cat([source.take(prefix + f"mlp.gate_proj.{kind}"), source.take(prefix + f"mlp.up_proj.{kind}")])
-            _copy_checked(getattr(block.mlp.branch.gate_up, kind), gate_up, prefix + f"mlp.gate/up_proj.{kind}", what)
-            source.copy_into(getattr(block.mlp.branch.down, kind), prefix + f"mlp.down_proj.{kind}")
+            source.copy_into(attn.proj.bias, prefix + "self_attn.o_proj.bias")
+        mlp = block.mlp.branch
+        for part in ("weight", "bias") if spec.mlp_bias else ("weight",):
+            if design.fused:
+                gate_up = source.take(prefix + f"mlp.gate_up_proj.{part}")
+            else:
+                gate_up = torch.cat([source.take(prefix + f"mlp.gate_proj.{part}"), source.take(prefix + f"mlp.up_proj.{part}")])
+            _copy_checked(getattr(mlp.gate_up, part), gate_up, prefix + f"mlp.gate/up_proj.{part}", what)
+            source.copy_into(getattr(mlp.down, part), prefix + f"mlp.down_proj.{part}")
     source.copy_into(model.final_norm.weight, "model.norm.weight")
     if spec.tie_embeddings:
-        source.take("lm_head.weight")  # the embedding, under its second name
+        if source.has("lm_head.weight"):
+            source.take("lm_head.weight")  # the embedding, under its second name
     else:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
     model.token_ids = {key: getattr(hf_model.config, key, None) for key in TOKEN_ID_KEYS}  # to_hf_llama gives them back
     model.eval()
     tokens = probe_tokens(spec)
-    with torch.no_grad(), evaluating(_float32_reference(hf_model, frequencies.to(next(hf_model.parameters()).device))) as reference:
-        check_same_outputs(model(tokens), reference(tokens.to(next(hf_model.parameters()).device)).logits.cpu(), what)
+    device = next(hf_model.parameters()).device
+    with torch.no_grad(), evaluating(_float32_reference(hf_model, [t.to(device) for t in tables])) as reference:
+        check_same_outputs(model(tokens), reference(tokens.to(device)).logits.cpu(), what)
     return model
+
+
+from_hf = from_hf_llama  # the name for every decoder it converts
 
 
 def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str, what: str) -> None:
