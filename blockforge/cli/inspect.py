@@ -53,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
                  f"base depth {spec.base_depth}, alpha {spec.depth_alpha:g}" if spec.parametrization == "completep" else "",
                  f"attention scale {spec.attention_scale}"]
         other.append(f"{spec.parametrization} ({', '.join(b for b in bases if b)})")
+    for key, plain in (("norm_weight_offset", 0.0), ("embed_scale", 1.0), ("residual_multiplier", 1.0), ("logit_multiplier", 1.0),
+                       ("logit_softcap", None)):
+        if getattr(spec, key) != plain:
+            other.append(f"{key} {getattr(spec, key):g}")
     if spec.rope_scaling:
         other.append(f"rope scaling {spec.rope_scaling['type']} x{spec.rope_scaling['factor']:g}")
     if other:

@@ -31,6 +31,13 @@ def test_recipe_loads(path):
         pre = blockforge.build_model(load_recipe(path.with_name(path.name.replace("-gqa", "-pre"))).spec, device="meta")
         lost = sum(2 * (layer.heads - layer.kv_heads) * layer.head_dim * spec.width for layer in spec.layers)
         assert parameter_count(model) == parameter_count(pre) - lost > 0
+    elif size and "-as-" in path.stem:  # another decoder's design at this size: fewer key/value heads, tied embeddings
+        pre = blockforge.build_model(load_recipe(path.with_name(f"llama-{size}-pre.yaml")).spec, device="meta")
+        lost = sum(2 * (layer.heads - layer.kv_heads) * layer.head_dim * spec.width for layer in spec.layers)
+        tied = spec.vocab * spec.width if spec.tie_embeddings else 0
+        norms = sum(p.numel() for name, p in model.named_parameters() if "norm" in name) - sum(
+            p.numel() for name, p in pre.named_parameters() if "norm" in name)
+        assert parameter_count(model) == parameter_count(pre) - lost - tied + norms
     elif size and path.stem.endswith("-openelm"):  # layer-wise scaling: narrow first layers, wide last ones
         assert len({layer.ffn for layer in spec.layers}) > 1 and spec.layers[0].heads < spec.layers[-1].heads
     elif size:
