@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from blockforge.search.config import SearchPlan
 from blockforge.train.events import Status
 
 LEVEL = 0.95
@@ -206,3 +207,16 @@ def cell_evidence(records: list, cell: str, *, mode: str, penalty: float, min_se
         call = verdict(vs_reference, mode) if reference is not None else "n/a"
     vs_runner_up = paired_difference(runner_up.values, winner.values) if runner_up else None
     return CellEvidence(cell, candidates, eligible, winner, reference, runner_up, vs_reference, vs_runner_up, call, mode)
+
+
+def min_seeds(plan: SearchPlan) -> int:
+    """The replicates a winner needs: exploration's seed plus the confirmation's further seeds."""
+    return 1 + (plan.confirm.seeds if plan.confirm else 0)
+
+
+def evidence_by_cell(plan: SearchPlan, records: list) -> dict[str, CellEvidence]:
+    """Every cell's evidence, the transfer's targets included (their candidates have the transfer's seeds)."""
+    evidence = {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
+    for target in plan.target_names():
+        evidence[target] = cell_evidence(records, target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
+    return evidence

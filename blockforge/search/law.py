@@ -22,6 +22,10 @@ from typing import Callable
 
 import numpy as np
 
+from blockforge.search.config import SearchPlan
+from blockforge.search.evidence import CellEvidence
+from blockforge.spec.resolve import mix_ln_count
+
 # name -> (formula text, number of parameters, model f(params, L, W), starting point g(L, W, alpha))
 LAWS: dict[str, tuple[str, int, Callable, Callable]] = {
     "constant": ("alpha = a", 1, lambda p, L, W: np.full_like(L, p[0]), lambda L, W, y: [y.mean()]),
@@ -224,3 +228,43 @@ def _bootstrap_verdict(laws: list[LawUncertainty], undecided: float, depths: int
     shares = ", ".join(f"{u.name} {u.wins:.0%}" for u in laws if u.wins > 0)
     return (f"Cannot decide: in {undecided:.0%} of the seed resamples no law leads by 2 AICc"
             + (f"; a clear winner otherwise: {shares}" if shares else "") + "; no law wins 95% of them.")
+
+
+def alpha_range(alpha: float, depth: int) -> tuple[float, float]:
+    """Every alpha in [low, high) builds the same stack as `alpha` at this depth: floor(alpha * depth) Post-LN layers."""
+    k = mix_ln_count(alpha, depth)
+    return k / depth, ((k + 1) / depth if k < depth else 1.0)
+
+
+def law_points(plan: SearchPlan, evidence: dict[str, CellEvidence]) -> list[dict]:
+    """The winner's alpha of each cell with the cell's depth and width.
+
+    A trial's alpha is one point of the range that builds its model, so the law is fitted to the
+    fraction of Post-LN layers the winner has, k / L (the low end of the range); the range is kept.
+    """
+    points = []
+    for cell in plan.cell_names():
+        w = evidence[cell].winner
+        if w is None or w.alpha is None:
+            continue
+        recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
+        low, high = alpha_range(w.alpha, recipe.model.depth)
+        points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": low,
+                       "alpha_range": [low, high], "post_ln_layers": w.post_ln_layers, "value": w.mean, "n": w.n,
+                       "verdict": evidence[cell].verdict})
+    return points
+
+
+def bootstrap_cells(plan: SearchPlan, evidence: dict[str, CellEvidence], points: list[dict]) -> list[dict]:
+    """Per cell with a law point, the confirmed candidates on the seeds they all share (for bootstrap_laws)."""
+    cells = []
+    for p in points:
+        e = evidence[p["cell"]]
+        options = [c for c in e.eligible if c.alpha is not None]
+        seeds = sorted(set.intersection(*(set(c.values) for c in options))) if options else []
+        if len(seeds) < 2:
+            continue
+        cells.append({"cell": p["cell"], "depth": p["depth"], "width": p["width"], "mode": plan.mode, "options": [
+            {"alpha": alpha_range(c.alpha, p["depth"])[0], "alpha_range": list(alpha_range(c.alpha, p["depth"])),
+             "values": [c.values[s] for s in seeds]} for c in options]})
+    return cells

@@ -15,12 +15,11 @@ import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text, save_png
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.evidence import METHOD, Candidate, CellEvidence, cell_evidence, describe, paired_difference, verdict
-from blockforge.search.law import BootstrapReport, LawReport, bootstrap_laws, fit_alpha_law
+from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, evidence_by_cell, min_seeds, paired_difference, verdict  # noqa: F401
+from blockforge.search.law import BootstrapReport, LawReport, alpha_range, bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
 from blockforge.search.ledger import Ledger, TrialRecord
 from blockforge.search.rungs import cell_rungs
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
-from blockforge.spec.resolve import mix_ln_count
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
@@ -28,19 +27,6 @@ from blockforge.train.events import Status
 
 
 CONSOLE_LEAVES_OUT = ("completed", "failed", "diverged", "Pre-LN mean ± sd (n)", "runner-up gap [95% CI]")  # summary.md has them
-
-
-def min_seeds(plan: SearchPlan) -> int:
-    """The replicates a winner needs: exploration's seed plus the confirmation's further seeds."""
-    return 1 + (plan.confirm.seeds if plan.confirm else 0)
-
-
-def evidence_by_cell(plan: SearchPlan, records: list[TrialRecord]) -> dict[str, CellEvidence]:
-    """Every cell's evidence, the transfer's targets included (their candidates have the transfer's seeds)."""
-    evidence = {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
-    for target in plan.target_names():
-        evidence[target] = cell_evidence(records, target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
-    return evidence
 
 
 def other_keys(plan: SearchPlan) -> list[str]:
@@ -71,12 +57,6 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
     return headers, rows
 
 
-def alpha_range(alpha: float, depth: int) -> tuple[float, float]:
-    """Every alpha in [low, high) builds the same stack as `alpha` at this depth: floor(alpha * depth) Post-LN layers."""
-    k = mix_ln_count(alpha, depth)
-    return k / depth, ((k + 1) / depth if k < depth else 1.0)
-
-
 def alpha_range_text(candidate: Candidate | TrialRecord, plan: SearchPlan, cell: str) -> str:
     if candidate.alpha is None:
         return "-"
@@ -101,40 +81,6 @@ def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
     headers = ["model", "alpha range", *(k.rsplit(".", 1)[-1] for k in extra), "seeds", "mean", "sd", "n",
                "minus Pre-LN [95% CI]", "vs Pre-LN", "minus winner [95% CI]", ""]
     return markdown_table(headers, rows)
-
-
-def law_points(plan: SearchPlan, evidence: dict[str, CellEvidence]) -> list[dict]:
-    """The winner's alpha of each cell with the cell's depth and width.
-
-    A trial's alpha is one point of the range that builds its model, so the law is fitted to the
-    fraction of Post-LN layers the winner has, k / L (the low end of the range); the range is kept.
-    """
-    points = []
-    for cell in plan.cell_names():
-        w = evidence[cell].winner
-        if w is None or w.alpha is None:
-            continue
-        recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
-        low, high = alpha_range(w.alpha, recipe.model.depth)
-        points.append({"cell": cell, "depth": recipe.model.depth, "width": recipe.model.width, "alpha": low,
-                       "alpha_range": [low, high], "post_ln_layers": w.post_ln_layers, "value": w.mean, "n": w.n,
-                       "verdict": evidence[cell].verdict})
-    return points
-
-
-def bootstrap_cells(plan: SearchPlan, evidence: dict[str, CellEvidence], points: list[dict]) -> list[dict]:
-    """Per cell with a law point, the confirmed candidates on the seeds they all share (for bootstrap_laws)."""
-    cells = []
-    for p in points:
-        e = evidence[p["cell"]]
-        options = [c for c in e.eligible if c.alpha is not None]
-        seeds = sorted(set.intersection(*(set(c.values) for c in options))) if options else []
-        if len(seeds) < 2:
-            continue
-        cells.append({"cell": p["cell"], "depth": p["depth"], "width": p["width"], "mode": plan.mode, "options": [
-            {"alpha": alpha_range(c.alpha, p["depth"])[0], "alpha_range": list(alpha_range(c.alpha, p["depth"])),
-             "values": [c.values[s] for s in seeds]} for c in options]})
-    return cells
 
 
 def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path) -> None:

@@ -56,8 +56,8 @@ def _size(plan: SearchPlan, name: str) -> tuple[int, int | None]:
 
 def predict(plan: SearchPlan, records: list, target: str) -> Prediction | None:
     """The prediction for `target` from the proxy cells' evidence in `records` (None when no proxy has a winner)."""
-    from blockforge.search.report import bootstrap_cells, evidence_by_cell, law_points
-    from blockforge.search.law import LAWS, bootstrap_laws, fit_alpha_law
+    from blockforge.search.evidence import evidence_by_cell
+    from blockforge.search.law import LAWS, bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
 
     evidence = evidence_by_cell(plan, records)
     depth, width = _size(plan, target)

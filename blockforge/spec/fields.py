@@ -60,9 +60,13 @@ class LayerField:
             raise SpecError(f"must be {bound}, not {value}" + (", or null" if self.nullable else ""), path=path)
 
 
-def _ramp_heads(m: float, layer: dict, spec) -> dict:
-    from blockforge.spec.resolve import make_divisible
+def make_divisible(value: float, divisor: int) -> int:
+    """OpenELM's rounding: the nearest multiple of `divisor` (at least `divisor`), one step up if that fell below 90% of `value`."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
 
+
+def _ramp_heads(m: float, layer: dict, spec) -> dict:
     head_dim = layer["head_dim"] or spec.width // layer["heads"]
     group = layer["heads"] // (layer["kv_heads"] or layer["heads"])  # query heads per key/value head
     heads = make_divisible(spec.width * m, head_dim * group) // head_dim
@@ -70,15 +74,11 @@ def _ramp_heads(m: float, layer: dict, spec) -> dict:
 
 
 def _ramp_kv_heads(m: float, layer: dict, spec) -> dict:
-    from blockforge.spec.resolve import make_divisible
-
     head_dim = layer["head_dim"] or spec.width // layer["heads"]
     return {"kv_heads": make_divisible(spec.width * m, head_dim) // head_dim, "head_dim": head_dim}
 
 
 def _ramp_ffn(m: float, layer: dict, spec) -> dict:
-    from blockforge.spec.resolve import make_divisible
-
     return {"ffn": make_divisible(spec.width * m, spec.ffn_multiple_of)}
 
 

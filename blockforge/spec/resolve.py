@@ -7,7 +7,7 @@ import re
 
 from blockforge.errors import SpecError
 from blockforge.spec.family import get_family
-from blockforge.spec.fields import LAYER_FIELDS, rampable
+
 from blockforge.spec.model import LayerSpec, ModelSpec, ResolvedSpec
 from blockforge.spec.strict import to_plain
 
@@ -160,12 +160,6 @@ def _check_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
                         path=where["window"])
     if layer["mlp_placement"] == layer["placement"]:
         layer["mlp_placement"] = None  # one name for both sub-layers
-
-
-def make_divisible(value: float, divisor: int) -> int:
-    """OpenELM's rounding: the nearest multiple of `divisor` (at least `divisor`), one step up if that fell below 90% of `value`."""
-    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
-    return rounded + divisor if rounded < 0.9 * value else rounded
 
 
 def ramp_settings(ramp, layers: list[dict], spec: ModelSpec) -> list[dict]:
