@@ -8,7 +8,6 @@ import re
 from blockforge.errors import SpecError
 from blockforge.spec.family import get_family
 from blockforge.spec.fields import LAYER_FIELDS, rampable
-
 from blockforge.spec.model import LayerSpec, ModelSpec, ResolvedSpec
 from blockforge.spec.strict import to_plain
 
