@@ -24,10 +24,44 @@ def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
     raise BlockforgeError(f"--cell {wanted}: no such cell in {search_dir}; choose one of: {'; '.join(cells)}")
 
 
+def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None):
+    """The front point `pick` (numbered as summary.md lists them), or the best quality among front points within the
+    budget `under` ('COST=X'): a search with a cost axis only."""
+    from blockforge.search.pareto import front_evidence
+
+    if not plan.costs:
+        raise BlockforgeError("--pick and --under choose a point of a front; this search has no cost axis (objectives)")
+    front = front_evidence(evidence.eligible, plan.costs, plan.mode)
+    on = front.front()
+    if not on:
+        raise BlockforgeError(f"cell {name} has no front yet (no candidate with the confirmation's seeds); resume the search first")
+    if pick is not None:
+        if not 0 <= pick < len(on):
+            raise BlockforgeError(f"--pick {pick}: cell {name}'s front has points 0..{len(on) - 1} (see summary.md)")
+        return on[pick].candidate
+    cost, sep, text = under.partition("=")
+    names = [c for c, _ in plan.costs]
+    if not sep or cost not in names:
+        raise BlockforgeError(f"--under {under}: give COST=X with a cost of this search ({', '.join(names)})")
+    try:
+        budget = float(text)
+    except ValueError:
+        raise BlockforgeError(f"--under {under}: {text!r} is not a number") from None
+    mode = dict(plan.costs)[cost]
+    within = [p for p in on if (p.costs[cost] <= budget if mode == "min" else p.costs[cost] >= budget)]
+    if not within:
+        cheapest = min(p.costs[cost] for p in on) if mode == "min" else max(p.costs[cost] for p in on)
+        raise BlockforgeError(f"--under {under}: no front point of cell {name} is within it (the {'least' if mode == 'min' else 'most'} is {cheapest:g})")
+    sign = 1.0 if plan.mode == "min" else -1.0
+    return min(within, key=lambda p: sign * p.candidate.mean).candidate
+
+
 def export_best(
     search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
+    pick: int | None = None, under: str | None = None,
 ) -> Path:
-    """Export cell `cell`'s winner: the best mean over its replicates after confirmation (its base-seed run), in `format`."""
+    """Export cell `cell`'s winner (the best mean over its replicates after confirmation, its base-seed run), or with a
+    cost axis the front point `pick` or the best within `under`, in `format`."""
     from blockforge.export import check_export_format, export_run
     from blockforge.spec.serialize import load_spec
     from blockforge.search.report import candidate_table, evidence_by_cell
@@ -38,7 +72,7 @@ def export_best(
     records = Ledger(search_dir / "trials.jsonl").records()
     name = _pick_cell(plan.all_names(), cell, search_dir)
     evidence = evidence_by_cell(plan, records)[name]
-    winner = evidence.winner
+    winner = evidence.winner if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
     if winner is not None:
         base = plan.base_seeds[name]
         seed = base if base in winner.run_dirs else min(winner.run_dirs)

@@ -204,6 +204,8 @@ class SearchPlan:
     inputs_hash: str  # see fingerprint()
     targets: list[dict[str, Any]] = field(default_factory=list)  # transfer: the larger cells the answers are tested at
     transfer: Transfer | None = None
+    costs: list[tuple[str, str]] = field(default_factory=list)  # a cost axis: (cost, min | max) after the quality metric
+    constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
 
     def cell_names(self) -> list[str]:
         """The searched (proxy) cells."""
@@ -413,6 +415,39 @@ def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -
                 raise fail(f"no value builds a model in cell {name} (e.g. {values[0]!r}: {err.path + ': ' if err.path else ''}{err.message})", where)
 
 
+LANGUAGE_COSTS = ("kv_cache_bytes", "inference_flops_per_token", "generate_tokens_per_s")
+
+
+def _objectives(spec: SearchFile, raw: dict, fail):
+    """(the quality objective, [(cost, mode)], {cost: (min, max)}): `objectives` is the quality metric first, then costs."""
+    from blockforge.spec.search import COMPUTED_COSTS, Objective
+
+    constraints = {}
+    for cost, bound in spec.constraints.items():
+        if cost not in COMPUTED_COSTS:
+            why = "is measured by the trials, so it is not known before one trains" if cost in ("train_tokens_per_s", "generate_tokens_per_s") else "is no cost"
+            raise fail(f"{cost} {why}; constrain one of: {', '.join(COMPUTED_COSTS)}", f"constraints.{cost}")
+        constraints[cost] = (bound.min, bound.max)
+    if spec.objectives is None:
+        if constraints:
+            raise fail("constrain costs of a search with a cost axis: give objectives (the metric, then costs)", "constraints")
+        return spec.objective, [], {}
+    if isinstance(raw, dict) and raw.get("objective") is not None:
+        raise fail("give objective or objectives, not both", "objectives")
+    first, *rest = spec.objectives
+    if first.metric is None:
+        raise fail("must be the quality metric (e.g. {metric: val_loss}); the costs follow it", "objectives[0]")
+    for i, entry in enumerate(rest, start=1):
+        if entry.cost is None:
+            raise fail("is a second metric; a search has one quality metric, first, and costs after it", f"objectives[{i}]")
+    if not rest:
+        raise fail("lists only the metric; add a cost, e.g. {cost: kv_cache_bytes}, or use objective", "objectives")
+    names = [e.cost for e in rest]
+    if len(set(names)) != len(names):
+        raise fail("lists a cost twice", "objectives")
+    return Objective(metric=first.metric, mode=first.mode), [(e.cost, e.mode) for e in rest], constraints
+
+
 def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], checked, fail) -> list[dict]:
     """The transfer stage's target cells: each sets exactly the cell keys, at a combination no proxy cell has."""
     if spec.transfer is None:
@@ -492,6 +527,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
 
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     targets = _targets(spec, cells, dimensions, checked, fail)
+    objective, costs, constraints = _objectives(spec, raw, fail)
     # Pre-flight: the base with the fixed overrides, in every cell (and target), with every baseline.
     probes = [{}] + spec.baselines
     depths, seeds, steps, eval_every, warmup = {}, {}, {}, {}, {}
@@ -510,9 +546,14 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
                 depths[name], seeds[name] = recipe.model.depth, recipe.train.seed
                 steps[name], eval_every[name], warmup[name] = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
                 reported = (*get_family(recipe.model.family).metrics, "train_loss")
-                if spec.objective.metric not in reported:
-                    raise fail(f"'{spec.objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
-                               "objective.metric")
+                if objective.metric not in reported:
+                    where = "objectives[0].metric" if spec.objectives else "objective.metric"
+                    raise fail(f"'{objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
+                               where)
+                for i, (cost, _) in enumerate(costs):
+                    if cost in LANGUAGE_COSTS and get_family(recipe.model.family).sample_unit != "tok":
+                        raise fail(f"{cost} is a language model's cost (a KV cache, generated tokens); model.family {recipe.model.family} "
+                                   "has none", f"objectives[{i + 1}].cost")
 
     _check_values(dimensions, cells, lambda cell, pairs: recipe_from_data(
         anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + pairs), workdir), file=str(base_path)), fail)
@@ -531,15 +572,17 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
         eval_every = dict.fromkeys(eval_every, asha.grace_steps)
         fixed.append(("train.eval_every", asha.grace_steps))
-    mode = spec.objective.mode
+    mode = objective.mode
+    if costs and spec.confirm is not None and spec.confirm.max_seeds is not None:
+        raise fail("races two leaders by one quality; a search with a cost axis confirms its front instead: drop max_seeds", "confirm.max_seeds")
     penalty = spec.divergence.penalty
     if penalty is None:
         penalty = (spec.divergence.max_loss or 100.0) if mode == "min" else -1.0
     return SearchPlan(
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
-        dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=spec.objective.metric, mode=mode,
+        dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
-        targets=targets, transfer=spec.transfer,
+        targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints,
     )

@@ -178,7 +178,8 @@ class ProgressView:
 
     def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
         records = self.ledger.records() if records is None else records
-        shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE)
+        shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE,
+                 *((Status.INFEASIBLE,) if self.plan.constraints else ()))
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
         counts["replicates"] = sum(r.stage == "confirm" and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources

@@ -82,6 +82,7 @@ class Candidate:
     values: dict[int, float] = field(default_factory=dict)
     diverged: list[int] = field(default_factory=list)
     run_dirs: dict[int, str] = field(default_factory=dict)
+    costs: dict[str, float] = field(default_factory=dict)  # a search with a cost axis: what the model costs
 
     @property
     def n(self) -> int:
@@ -176,6 +177,7 @@ def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:
             continue
         model = r.model or r.identity or f"trial {r.trial}"  # ledgers from before replicates name no model
         c = found.setdefault(model, Candidate(model, dict(r.overrides), r.alpha, r.post_ln_layers, r.uniform_pre))
+        c.costs.update(r.costs)
         if r.status == Status.DIVERGED:
             c.values[r.seed] = penalty
             c.diverged.append(r.seed)
@@ -220,3 +222,8 @@ def evidence_by_cell(plan: SearchPlan, records: list) -> dict[str, CellEvidence]
     for target in plan.target_names():
         evidence[target] = cell_evidence(records, target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
     return evidence
+
+
+def dominates(a: list[float], b: list[float]) -> bool:
+    """Whether point a is no worse than b in every coordinate and better in one (all to minimise)."""
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))

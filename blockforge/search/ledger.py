@@ -35,6 +35,7 @@ class TrialRecord:
     metric: str = ""
     value: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    costs: dict[str, float] = field(default_factory=dict)  # a search with a cost axis: the candidate's costs (search/costs.py)
     wall_s: float = 0.0
     duplicate_of: int | None = None
     run_dir: str = ""

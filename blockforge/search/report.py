@@ -37,7 +37,8 @@ def other_keys(plan: SearchPlan) -> list[str]:
 def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence]) -> tuple[list[str], list[list]]:
     """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN."""
     extra = other_keys(plan)
-    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", "best alpha range", "post-LN layers",
+    infeasible = ["infeasible"] if plan.constraints else []
+    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", *infeasible, "best alpha range", "post-LN layers",
                *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", "Pre-LN mean ± sd (n)",
                "vs Pre-LN [95% CI]", "verdict", "runner-up gap [95% CI]"]
     rows = []
@@ -48,6 +49,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
         w = e.winner
         rows.append([
             cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
+            *(counts["infeasible"] for _ in infeasible),
             alpha_range_text(w, plan, cell) if w else "-", fmt(w.post_ln_layers) if w else "-",
             *(fmt(w.overrides.get(k)) if w else "-" for k in extra),
             w.spread() if w else "-", e.reference.spread() if e.reference else "-",
@@ -238,6 +240,65 @@ def rung_line(plan: SearchPlan, records: list[TrialRecord], cell: str) -> str:
     return text + (f", {len(rungs.promoted)} promoted" if rungs.promoted else "")
 
 
+def cell_fronts(plan: SearchPlan, evidence: dict[str, CellEvidence]) -> dict:
+    """Per cell (a search with a cost axis): its front with evidence (search/pareto.py) over the confirmed candidates."""
+    from blockforge.search.pareto import front_evidence
+
+    return {cell: front_evidence(evidence[cell].eligible, plan.costs, plan.mode) for cell in plan.cell_names()}
+
+
+def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
+    """The fronts as markdown tables (point numbers are what `export --pick` takes), and one console line per cell."""
+    parts, lines = [], []
+    names = [c for c, _ in plan.costs]
+    for cell, front in fronts.items():
+        rows = []
+        for i, p in enumerate(front.points):
+            rows.append([i if p.on_front else "-", describe(p.candidate), *(fmt(p.costs[c]) for c in names), p.candidate.spread(),
+                         "yes" if p.on_front else "no",
+                         "; ".join(f"{describe(q)} ({d.text()})" for q, d in p.dominated_by) or "-",
+                         "; ".join(f"{describe(q)} ({d.text()})" for q, d in p.tied_with) or "-"])
+        hv = "-" if front.hypervolume is None else (f"{front.hypervolume:.3g}" + (
+            f" [{front.low:.3g}, {front.high:.3g}] over {front.seeds} seeds" if front.low is not None else " (one seed: no interval)"))
+        table = markdown_table(["point", "model", *names, f"{plan.metric} mean ± sd (n)", "on front", "dominated by (quality difference)",
+                                "tied with"], rows) if rows else "(no candidate has the confirmation's seeds yet)"
+        parts.append(f"### {cell}\n\n{table}\n\nHypervolume: {hv}.\n")
+        on = front.front()
+        lines.append(f"{cell}: front of {len(on)} point(s) ({', '.join(f'{i}: {describe(p.candidate)}' for i, p in enumerate(on))}); "
+                     f"hypervolume {hv}")
+    return "\n".join(parts), lines
+
+
+def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
+    """Per cell and cost: quality (mean with its 95% t interval over seeds) against the cost; front points filled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from blockforge.search.evidence import t_quantile
+
+    cells, names = list(fronts), [c for c, _ in plan.costs]
+    fig, axes = plt.subplots(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells)), squeeze=False)
+    for r, cell in enumerate(cells):
+        for c, cost in enumerate(names):
+            ax = axes[r][c]
+            for p in fronts[cell].points:
+                n = p.candidate.n
+                half = t_quantile(n - 1) * p.candidate.sd / n ** 0.5 if n > 1 else 0.0
+                ax.errorbar([p.costs[cost]], [p.candidate.mean], yerr=[[half], [half]], fmt="o" if p.on_front else "x",
+                            color="tab:blue" if p.on_front else "tab:gray", capsize=3, markersize=5)
+                ax.annotate(describe(p.candidate), (p.costs[cost], p.candidate.mean), fontsize=6, alpha=0.7)
+            ax.set_xlabel(cost)
+            ax.set_ylabel(plan.metric)
+            ax.set_title(cell, fontsize=9)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{plan.name}: {plan.metric} against each cost (filled: on the front; bars: 95% over seeds)", fontsize=10)
+    fig.tight_layout()
+    save_png(fig, path, dpi=110)
+    plt.close(fig)
+
+
 def compute_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
     """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
     from blockforge.search.plan import search_plan
@@ -320,6 +381,18 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    pareto_markdown, pareto_lines = "", []
+    if plan.costs:
+        fronts = cell_fronts(plan, evidence)
+        pareto_markdown, pareto_lines = pareto_section(plan, fronts)
+        plot_fronts(plan, fronts, search_dir / "pareto.png")
+        atomic_write_json(search_dir / "pareto.json", {cell: [{"point": i, "model": p.candidate.model, "overrides": p.candidate.overrides,
+                                                                "costs": p.costs, "mean": p.candidate.mean, "n": p.candidate.n, "on_front": p.on_front}
+                                                               for i, p in enumerate(front.points)] for cell, front in fronts.items()})
+        pareto_markdown = ("## Pareto fronts: quality against cost\n\nA point is on the front unless another is no more costly on "
+                           "every cost and better in quality by a paired 95% interval excluding zero; `blockforge export SEARCH --cell "
+                           "CELL --pick N` exports point N, `--under COST=X` the best quality within that budget. Plot: pareto.png.\n\n"
+                           + pareto_markdown + "\n")
     transfer_markdown, transfer_lines, transfer_data = transfer_section(plan, records, evidence) if plan.targets else ("", [], [])
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
@@ -357,7 +430,7 @@ which pairs cross (behind there, ahead at the end). A pruned trial that was behi
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
 {early_stopping_section(plan, records)}
-{transfer_markdown}## Compute: the plan beside what was trained
+{pareto_markdown}{transfer_markdown}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and
 invalid points cost nothing), their steps, those steps' FLOPs at the cell's planned FLOPs per step, and
@@ -376,4 +449,5 @@ below are fitted to k/L.
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (cell_rungs(plan, records, cell).advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return console + "\n\n" + "\n".join(claims + advice) + "\n\n" + verdict_line + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else "")
+    return (console + "\n\n" + "\n".join(claims + pareto_lines + advice) + "\n\n" + verdict_line
+            + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))

@@ -68,13 +68,17 @@ class CellSearcher(Searcher):
         self.targets = plan.target_names()  # the transfer stage's cells: no sampler, trained once the proxies are done
         records = self.ledger.records() if from_ledger else []
         first = {name: self._first_points(name, records) for name in names}
+        # With a cost axis each cell's study has several objectives: the quality, then the costs (TPE handles them)
+        metrics = [OBJECTIVE, *(cost for cost, _ in plan.costs)] if plan.costs else OBJECTIVE
+        modes = [plan.mode, *(mode for _, mode in plan.costs)] if plan.costs else plan.mode
         self.cells = {
             name: OptunaSearch(
-                space={d.name: d.optuna() for d in plan.dimensions_in(name)}, metric=OBJECTIVE, mode=plan.mode,
+                space={d.name: d.optuna() for d in plan.dimensions_in(name)}, metric=metrics, mode=modes,
                 sampler=make_sampler(plan, i, name), points_to_evaluate=first[name] or None,
             )
             for i, name in enumerate(names)
         }
+        self.cost_cache: dict[str, dict[str, float]] = {}  # architecture hash -> its computed costs
         everything = names + self.targets
         self.asked = dict.fromkeys(everything, 0)  # trial numbers handed out (sampler asks, confirmation and transfer trials)
         self.runs = dict.fromkeys(everything, 0)  # exploration trials sent to train: the budget
@@ -116,6 +120,8 @@ class CellSearcher(Searcher):
             value = self.plan.penalty if r.status == Status.DIVERGED else r.value
             if r.status == Status.COMPLETED and value is None:
                 continue
+            if self.plan.costs and value is not None and r.status in (Status.COMPLETED, Status.DIVERGED):
+                value = [value, *(r.costs.get(c) for c, _ in self.plan.costs)]
             self.cells[r.cell].add_evaluated_point(self.plan.sampler_params(r.cell, r.overrides), value,
                                                    error=r.status == Status.FAILED, pruned=r.status == Status.PRUNED)
 
@@ -141,7 +147,7 @@ class CellSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         info = self.live.get(trial_id)
-        if info is not None and info["stage"] == "explore" and OBJECTIVE in result and "step" in result:
+        if info is not None and info["stage"] == "explore" and OBJECTIVE in result and "step" in result and not self.plan.costs:
             self.cells[info["cell"]].on_trial_result(info["optuna_id"], {OBJECTIVE: result[OBJECTIVE], "training_iteration": result.get("step", 0)})
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
@@ -157,8 +163,11 @@ class CellSearcher(Searcher):
             status, value = Status.PRUNED, None
         else:
             status, value = Status.COMPLETED, result.get(OBJECTIVE)
+        measured = {k.removeprefix("cost_"): v for k, v in result.items() if k.startswith("cost_") and isinstance(v, (int, float))}
+        if measured:
+            info["costs"] = {**info.get("costs", {}), **measured}
         if info["stage"] == "explore":
-            self._tell(info["cell"], info["optuna_id"], status, value)
+            self._tell(info["cell"], info["optuna_id"], status, value, info.get("costs"))
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
         record = self._record(info, status, value=result.get(self.plan.metric) if status != Status.DIVERGED else None,
                               steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
@@ -252,6 +261,11 @@ class CellSearcher(Searcher):
             self._tell(name, optuna_id, Status.FAILED, None)
             self.ledger.append(self._record(info, Status.FAILED, note=f"invalid: {err}"))
             return None
+        broken = self._broken_constraint(info)
+        if broken:  # never trained; the sampler learns it as a failure
+            self._tell(name, optuna_id, Status.FAILED, None)
+            self.ledger.append(self._record(info, Status.INFEASIBLE, note=broken))
+            return None
         self._adopt_orphan(info)
         key = (name, info["identity"])
         if key in self.done:
@@ -275,6 +289,28 @@ class CellSearcher(Searcher):
         spec = recipe.spec
         info.update(identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False), alpha=alpha_of(recipe),
                     post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre(), steps=recipe.train.steps)
+        if self.plan.costs or self.plan.constraints:
+            info["costs"] = self._computed_costs(recipe)
+
+    def _computed_costs(self, recipe) -> dict[str, float]:
+        """The computed costs the search's objectives and constraints name, once per architecture."""
+        from blockforge.search.costs import COMPUTED, computed_costs
+
+        cache = self.__dict__.setdefault("cost_cache", {})
+        names = tuple(dict.fromkeys(c for c in [*(c for c, _ in self.plan.costs), *self.plan.constraints] if c in COMPUTED))
+        key = f"{recipe.spec.arch_hash()}|{recipe.train.micro_batch}"
+        if key not in cache:
+            cache[key] = computed_costs(recipe, names)
+        return dict(cache[key])
+
+    def _broken_constraint(self, info: dict) -> str:
+        """'' when the candidate keeps every constraint, else a sentence saying which it breaks."""
+        for cost, (low, high) in self.plan.constraints.items():
+            value = info["costs"][cost]
+            if (high is not None and value > high) or (low is not None and value < low):
+                bound = f"at most {high:g}" if high is not None and value > high else f"at least {low:g}"
+                return f"infeasible: its {cost} is {value:g}, and the constraint asks for {bound}; not trained"
+        return ""
 
     def _adopt_orphan(self, info: dict) -> None:
         """A new trial of a model whose run a stopped driver lost (see _take_in_ledger) continues it under its number."""
@@ -306,7 +342,7 @@ class CellSearcher(Searcher):
         explored = [o for (cell, _), o in self.done.items() if cell == name and o["info"]["stage"] == "explore"]
         ranked = sorted((o for o in explored if o["status"] == Status.COMPLETED and o["value"] is not None), key=lambda o: sign * o["value"])
         ranked += sorted((o for o in explored if o["status"] == Status.PRUNED), key=lambda o: (-o["record"].steps, sign * (o["record"].value or 0.0)))
-        finalists = [o["info"] for o in ranked[: confirm.top]]
+        finalists = [o["info"] for o in (self._front(ranked) if self.plan.costs else ranked[: confirm.top])]
         for baseline in self.plan.baselines:
             searched = self.plan.searched_values(name, self.plan.sampler_params(name, baseline))
             info = self._new_info(name, searched, self.plan.base_seeds[name], "confirm")
@@ -330,6 +366,17 @@ class CellSearcher(Searcher):
         for finalist in self.finalists[name]:
             for seed in seeds:
                 self._enqueue(name, finalist["searched"], seed, note=finalist.get("note", ""))
+
+    def _front(self, ranked: list[dict]) -> list[dict]:
+        """With a cost axis: the explored models no other beats on quality and every cost at once (one seed each),
+        best quality first, at most 2 * confirm.top of them; plus the pruned best ones when nothing completed."""
+        from blockforge.search.evidence import dominates
+
+        done = [o for o in ranked if o["status"] == Status.COMPLETED]
+        signs = [1.0 if self.plan.mode == "min" else -1.0, *(1.0 if m == "min" else -1.0 for _, m in self.plan.costs)]
+        point = lambda o: [s * v for s, v in zip(signs, [o["value"], *(o["record"].costs.get(c, 0.0) for c, _ in self.plan.costs)])]  # noqa: E731
+        front = [o for o in done if not any(dominates(point(other), point(o)) for other in done if other is not o)]
+        return (front or ranked)[: 2 * self.plan.confirm.top]
 
     def _enqueue(self, name: str, searched: dict, seed: int, note: str = "", stage: str = "confirm") -> None:
         """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
@@ -393,17 +440,17 @@ class CellSearcher(Searcher):
     # ---- helpers ------------------------------------------------------------------------------
 
     def _settle_duplicate(self, info: dict, outcome: dict) -> None:
-        self._tell(info["cell"], info["optuna_id"], outcome["status"], outcome["value"])
+        self._tell(info["cell"], info["optuna_id"], outcome["status"], outcome["value"], outcome["record"].costs)
         original = outcome["record"]
         self.ledger.append(self._record(
             info, Status.DUPLICATE, value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome["number"],
             note=f"same model and settings as trial {outcome['number']} ({outcome['status']})",
         ))
 
-    def _tell(self, name: str, optuna_id: str, status: str, value: float | None) -> None:
+    def _tell(self, name: str, optuna_id: str, status: str, value: float | None, costs: dict | None = None) -> None:
         search = self.cells[name]
         if status in (Status.COMPLETED, Status.DIVERGED):
-            search.on_trial_complete(optuna_id, result={OBJECTIVE: value})
+            search.on_trial_complete(optuna_id, result={OBJECTIVE: value, **{c: (costs or {})[c] for c, _ in self.plan.costs}})
         else:  # pruned: Optuna must not take a partial value as a finished one; failed: FAIL
             search.on_trial_complete(optuna_id, result=None, error=status == Status.FAILED)
 
@@ -412,7 +459,7 @@ class CellSearcher(Searcher):
         fields["note"] = fields.get("note") or info.get("note", "")  # e.g. why a pruned model was brought back
         return TrialRecord(
             cell=info["cell"], trial=info["number"], status=status, stage=info["stage"], seed=info["seed"],
-            model=info.get("model", ""), uniform_pre=info.get("uniform_pre", False), identity=identity,
+            model=info.get("model", ""), uniform_pre=info.get("uniform_pre", False), identity=identity, costs=dict(info.get("costs", {})),
             overrides=dict(info["searched"]), alpha=info.get("alpha"), post_ln_layers=info.get("post_ln_layers"),
             metric=self.plan.metric, run_dir=str(trial_dir(self.search_dir, info["cell"], identity)) if identity else "", **fields,
         )

@@ -144,13 +144,14 @@ def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
     torch.set_num_threads(max(1, int(resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])
     run_dir = trial_dir(search_dir, config["cell"], config["identity"])
+    costs = _measured_costs(plan, recipe, search_dir)  # reported with every result: the searcher records them
     finished = run_dir / "result.json"
     if finished.exists():  # finished before the driver was restarted: report, do not retrain
         result = json.loads(finished.read_text())
         diverged = result["status"] == Status.DIVERGED
         metrics = result.get("metrics") or {}
         value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
-        tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics})
+        tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
         return
     resume = latest_checkpoint(run_dir) is not None
     with data_parallel_peers(recipe, run_dir, workers, resume):
@@ -161,4 +162,19 @@ def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
         for event in trainer.iterate():
             metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
             value = plan.penalty if event.diverged else metrics[plan.metric]
-            tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics})
+            tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
+
+
+def _measured_costs(plan: SearchPlan, recipe, search_dir: str) -> dict[str, float]:
+    """The measured costs the search's objectives name (tokens/s on this trial's device), as `cost_<name>`; measured
+    once per model and cached in the search folder's costs/."""
+    from blockforge.search.costs import MEASURED, measured_costs
+
+    wanted = [cost for cost, _ in plan.costs if cost in MEASURED]
+    if not wanted:
+        return {}
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    measured = measured_costs(recipe, Path(search_dir) / "costs", device)
+    return {f"cost_{cost}": measured[cost] for cost in wanted}

@@ -41,7 +41,8 @@ def key_columns(plan: SearchPlan) -> dict[str, str]:
 def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
     """One row per trial: the ledger's columns, then one column per cell key and per searched key (ints stay ints)."""
     columns = key_columns(plan)
-    fieldnames = COLUMNS[:2] + list(columns.values()) + COLUMNS[2:]
+    costs = list(dict.fromkeys([*(c for c, _ in plan.costs), *plan.constraints]))  # a column per cost
+    fieldnames = COLUMNS[:2] + list(columns.values()) + COLUMNS[2:] + costs
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fieldnames, extrasaction="ignore")
     writer.writeheader()
@@ -50,6 +51,7 @@ def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) 
         row["overrides"] = json.dumps(record.overrides, sort_keys=True)
         values = {**plan.cell(record.cell), **record.overrides}
         row.update({name: values.get(key) for key, name in columns.items()})
+        row.update({cost: record.costs.get(cost) for cost in costs})
         writer.writerow(row)
     atomic_write_text(path, buffer.getvalue())
 
@@ -79,11 +81,18 @@ def _frozen_trial(plan: SearchPlan, record: TrialRecord):
     value = plan.penalty if record.status == Status.DIVERGED else record.value
     if state == optuna.trial.TrialState.COMPLETE and value is None:
         return None
+    values = None
+    if plan.costs and state == optuna.trial.TrialState.COMPLETE:  # a multi-objective study: the quality, then each cost
+        if any(cost not in record.costs for cost, _ in plan.costs):
+            return None
+        values = [value, *(record.costs[cost] for cost, _ in plan.costs)]
     attrs = {"trial": record.trial, "stage": record.stage, "seed": record.seed, "status": str(record.status), "steps": record.steps,
              "post_ln_layers": record.post_ln_layers, "model": record.model, "run_dir": record.run_dir}
+    single = value if state == optuna.trial.TrialState.COMPLETE and values is None else None
     return optuna.trial.create_trial(
-        state=state, value=value if state == optuna.trial.TrialState.COMPLETE else None, params=params, distributions=distributions,
-        intermediate_values={record.steps: record.value} if state == optuna.trial.TrialState.PRUNED and record.value is not None else None,
+        state=state, value=single, values=values, params=params, distributions=distributions,
+        intermediate_values=({record.steps: record.value} if state == optuna.trial.TrialState.PRUNED and record.value is not None and not plan.costs
+                             else None),
         user_attrs={k: v for k, v in attrs.items() if v is not None},
     )
 
@@ -110,8 +119,11 @@ def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[Trial
         plain_file_mode(tmp)
         storage = optuna_storage(Path(tmp))
         for cell in plan.cell_names():
-            study = optuna.create_study(study_name=cell, storage=storage, direction="minimize" if plan.mode == "min" else "maximize")
+            directions = ["minimize" if m == "min" else "maximize" for m in (plan.mode, *(m for _, m in plan.costs))]
+            study = optuna.create_study(study_name=cell, storage=storage, directions=directions)
             study.set_user_attr("metric", plan.metric)
+            if plan.costs:
+                study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
             study.set_user_attr("cell", plan.cell(cell))
             trials = [t for t in (_frozen_trial(plan, r) for r in records if r.cell == cell) if t is not None]
             if trials:

@@ -7,10 +7,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockforge.errors import SpecError
+from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.strict import choice
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
+# Costs a search may trade quality against (blockforge.search.costs computes or measures them), with their natural direction
+COMPUTED_COSTS = ("parameters", "non_embedding_parameters", "train_flops_per_token", "inference_flops_per_token", "kv_cache_bytes",
+                  "peak_train_memory_bytes")
+MEASURED_COSTS = ("train_tokens_per_s", "generate_tokens_per_s")
+COSTS = {**dict.fromkeys(COMPUTED_COSTS, "min"), **dict.fromkeys(MEASURED_COSTS, "max")}
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # a search's name is a folder name: runs/search-<name>
 
 
@@ -27,6 +32,35 @@ class Objective:
     def check(self, path: str) -> None:
         if self.mode is None:
             self.mode = METRICS[self.metric]
+
+
+@dataclass(kw_only=True)
+class ObjectiveEntry:
+    """One objective of a search with a cost axis: a metric the trials report, or a cost (blockforge.search.costs)."""
+
+    metric: str | None = choice(*METRICS, default=None)
+    cost: str | None = None
+    mode: str | None = choice("min", "max", default=None)  # default: the metric's or cost's natural direction
+
+    def check(self, path: str) -> None:
+        if (self.metric is None) == (self.cost is None):
+            raise SpecError("give metric (e.g. val_loss) or cost (e.g. kv_cache_bytes), one of them", path=path)
+        if self.cost is not None and self.cost not in COSTS:
+            raise SpecError(unknown_choice_message(self.cost, COSTS), path=f"{path}.cost")
+        if self.mode is None:
+            self.mode = METRICS[self.metric] if self.metric is not None else COSTS[self.cost]
+
+
+@dataclass(kw_only=True)
+class Bound:
+    min: float | None = None
+    max: float | None = None
+
+    def check(self, path: str) -> None:
+        if self.min is None and self.max is None:
+            raise SpecError("bounds nothing; give max (or min), e.g. {max: 1.0e+6}", path=path)
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise SpecError(f"min {self.min:g} is above max {self.max:g}", path=path)
 
 
 @dataclass(kw_only=True)
@@ -168,6 +202,9 @@ class SearchFile:
     max_concurrent: int | None = None
     confirm: Confirm | None = None
     transfer: Transfer | None = None
+    # A cost axis: the quality metric first, then one or more costs; constraints keep candidates within cost bounds
+    objectives: list[ObjectiveEntry] | None = None
+    constraints: dict[str, Bound] = field(default_factory=dict)
 
     def check(self, path: str) -> None:  # the root of a search file: key paths start here
         if self.name is not None and (not SAFE_NAME.fullmatch(self.name) or ".." in self.name):

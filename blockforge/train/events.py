@@ -17,6 +17,7 @@ class Status(str, Enum):
     FAILED = "failed"
     DUPLICATE = "duplicate"  # a search proposal that needed no training
     INTERRUPTED = "interrupted"
+    INFEASIBLE = "infeasible"  # a search proposal that breaks a cost constraint: never trained
 
     def __str__(self) -> str:
         return self.value

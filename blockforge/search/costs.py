@@ -1,0 +1,86 @@
+"""What a candidate costs, for searches with a cost axis: computed from the resolved spec (no training), or
+measured once per distinct model on the trial's device and cached by its architecture hash.
+
+Computed (from the model built on the meta device; blockforge.nn.flops counts the FLOPs):
+  parameters, non_embedding_parameters
+  train_flops_per_token      training FLOPs (forward and backward) per token at the context length
+  inference_flops_per_token  forward FLOPs of one generated token at the context length, a KV cache holding
+                             the earlier ones: 2 * (blocks' and head's weights) + 4 * sum_l heads_l * head_dim_l * min(window_l, T)
+  kv_cache_bytes             the KV cache of one sequence at the context length, bf16: sum_l 2 * kv_heads_l * head_dim_l * min(window_l, T) * 2
+  peak_train_memory_bytes    the training memory plan of one process (blockforge.train.memory, on the meta device)
+Measured (on the trial's device, at the recipe's micro batch; higher is better):
+  train_tokens_per_s, generate_tokens_per_s
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from blockforge.io import atomic_write_json
+from blockforge.spec.search import COMPUTED_COSTS as COMPUTED, COSTS, MEASURED_COSTS as MEASURED  # noqa: F401 (COSTS: name -> direction)
+
+KV_BYTES = 2  # bf16 keys and values
+
+
+def computed_costs(recipe, names: tuple[str, ...] = COMPUTED) -> dict[str, float]:
+    """The computed costs `names` of `recipe`'s model (nothing is allocated)."""
+    from blockforge.nn.build import build_model
+    from blockforge.nn.flops import model_costs
+
+    spec = recipe.spec
+    model = build_model(spec, device="meta")
+    costs = model_costs(model)
+    out: dict[str, float] = {"parameters": costs.parameters, "non_embedding_parameters": costs.non_embedding,
+                             "train_flops_per_token": costs.train_flops_per_token}
+    length = costs.sequence
+    seen = [min(layer.window or length, length) for layer in spec.layers]
+    out["kv_cache_bytes"] = sum(2 * layer.kv_heads * layer.head_dim * n * KV_BYTES for layer, n in zip(spec.layers, seen))
+    linear = sum(m.weight.numel() for block in model.layers for m in block.modules() if type(m).__name__ == "Linear")
+    head = model.head.in_features * model.head.out_features
+    out["inference_flops_per_token"] = 2 * (linear + head) + sum(4 * layer.heads * layer.head_dim * n for layer, n in zip(spec.layers, seen))
+    if "peak_train_memory_bytes" in names:
+        from blockforge.train.memory import memory_plan
+
+        out["peak_train_memory_bytes"] = memory_plan(recipe, device_type="cpu").total_per_gpu
+    return {name: float(out[name]) for name in names}
+
+
+def measured_costs(recipe, folder: Path, device: str = "cpu", steps: int = 5) -> dict[str, float]:
+    """Training and generation tokens/s of `recipe`'s model on `device`, measured once per architecture and
+    micro batch and cached in `folder` (costs/<hash>-<device>.json)."""
+    key = f"{recipe.spec.arch_hash()}-mb{recipe.train.micro_batch}-{device}"
+    path = Path(folder) / f"{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    import torch
+
+    from blockforge.nn.build import build_model
+
+    spec = recipe.spec
+    model = build_model(spec, seed=0, device=device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, spec.vocab, (recipe.train.micro_batch, spec.context + 1), device=device)
+    times = []
+    for step in range(steps + 2):  # two warm-up steps
+        started = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step >= 2:
+            times.append(time.perf_counter() - started)
+    train = recipe.train.micro_batch * spec.context / (sum(times) / len(times))
+    model.eval()
+    length = min(8, spec.context // 2)
+    prompt, new = tokens[:1, :length], min(32, spec.context - length)
+    with torch.no_grad():
+        model.generate(prompt, min(4, new), temperature=0)  # warm-up
+        started = time.perf_counter()
+        model.generate(prompt, new, temperature=0)
+        generate = new / (time.perf_counter() - started)
+    out = {"train_tokens_per_s": train, "generate_tokens_per_s": generate}
+    atomic_write_json(path, out)
+    return out
