@@ -7,7 +7,7 @@ size x parametrization x seed, the learning rate a grid). Per size and parametri
 with the best mean validation loss, and a 95% range for it from resampling the seeds (each resample takes
 the best mean again).
 
-    python benchmarks/lr_transfer.py [--steps 100] [--seeds 3] [--out runs/lr-transfer]   # lr_transfer.json, lr_transfer.png
+    python benchmarks/lr_transfer.py [--steps 100] [--seeds 2] [--out runs/lr-transfer]   # lr_transfer.json, lr_transfer.png
 
 Every search folder is kept, so an interrupted run resumes where it stopped.
 """
@@ -64,7 +64,7 @@ def best_with_range(table: dict[float, dict[int, float]], resamples: int = 2000,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--sweeps", default="width,depth")
     parser.add_argument("--out", default="runs/lr-transfer")
     args = parser.parse_args()
