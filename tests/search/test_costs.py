@@ -126,8 +126,8 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     from blockforge.cli import main
     from blockforge.search.driver import run_search
 
-    path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, baselines=[], trials_per_cell=4,
-                        overrides={"model.heads": 4}, space={"model.kv_heads": {"choice": [1, 2, 4]}, ALPHA: {"choice": [0.0, 0.5]}},
+    path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, baselines=[], trials_per_cell=3,
+                        overrides={"model.heads": 4}, space={"model.kv_heads": {"choice": [1, 2, 4]}},
                         objective=None, objectives=[{"metric": "val_loss"}, {"cost": "kv_cache_bytes"}], constraints={"kv_cache_bytes": {"max": 5000}},
                         confirm={"top": 2, "seeds": 1}, sampler={"grid": {}})
     out = tmp_path / "out"
