@@ -153,6 +153,7 @@ def test_shipped_searches_pass_the_checks():
         load_search(path)
 
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_nothing_that_blocks_the_next_plain_run(tmp_path, capsys, ray_session):
     out = tmp_path / "out"
     bad = write_search(tmp_path, resources={"cpu": 1000})

@@ -96,6 +96,7 @@ def test_diverged_trial_is_recorded_and_the_search_finishes(tmp_path, ray_sessio
     assert json.loads((tmp_path / "out" / "trials" / "depth=6" / diverged.identity / "result.json").read_text())["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_a_corpus_named_relative_to_the_start_directory_trains(tmp_path, ray_session, monkeypatch):
     from .test_config import relative_data
 
