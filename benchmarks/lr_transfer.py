@@ -76,6 +76,8 @@ def main() -> None:
         path = search_file(out, sweep, args.steps, args.seeds)
         folder = out / f"lr-{sweep}"
         outcome = run_search(path, out=folder, resume=(folder / "search.json").exists(), progress_every_s=1e9)
+        if outcome.interrupted is not None:
+            raise SystemExit(f"the {sweep} sweep was stopped before it finished; run the same command again to resume it")
         runs: dict[tuple[int, str], dict[float, dict[int, float]]] = {}
         for r in outcome.records:
             if r.status not in ("completed", "diverged"):
@@ -87,6 +89,8 @@ def main() -> None:
         rows = []
         for size in s["sizes"]:
             for param in ("standard", s["transfer"]):
+                if (size, param) not in runs:
+                    raise SystemExit(f"no finished run for {sweep} {size} {param} in {folder}; see its summary.md")
                 best, low, high, means = best_with_range(runs[(size, param)])
                 rows.append({"size": size, "parametrization": param, "best_lr": best, "range": [low, high], "means": means})
                 print(f"{sweep} {size:4d} {param:9s}: best lr {best:g} (95% over seed resamples {low:g}-{high:g}); "
