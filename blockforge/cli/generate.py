@@ -28,8 +28,13 @@ def run(args: argparse.Namespace) -> int:
     from blockforge.data import load_tokenizer
     from blockforge.errors import BlockforgeError
     from blockforge.export import load, tokenizer_folder
+    from blockforge.nn.generate import check_sampling
     from blockforge.train.runtime import pick_device
 
+    try:  # before anything is loaded or printed
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except BlockforgeError as e:
+        raise BlockforgeError(f"--{str(e).replace('_', '-', 1)}") from None
     folder = Path(args.dir)
     device = pick_device(args.device)
     model = load(folder, device=device)

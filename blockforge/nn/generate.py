@@ -33,6 +33,16 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Sampling settings that are numbers in range, or one sentence naming the bad one."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise BlockforgeError(f"temperature must be a finite number >= 0 (0: greedy), not {temperature}")
+    if top_k is not None and top_k < 1:
+        raise BlockforgeError(f"top_k must be at least 1 (or left out), not {top_k}")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise BlockforgeError(f"top_p must lie in (0, 1] (or be left out), not {top_p}")
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
@@ -43,9 +53,7 @@ def generate(
     produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming)."""
     if tokens.dim() == 1:
         tokens = tokens[None]
-    if not (temperature >= 0 and math.isfinite(temperature)) or (top_p is not None and not 0 < top_p <= 1) or (top_k is not None and top_k < 1):
-        raise BlockforgeError(f"sampling needs a finite temperature >= 0, top_k >= 1 and 0 < top_p <= 1, not temperature {temperature}, "
-                              f"top_k {top_k}, top_p {top_p}")
+    check_sampling(temperature, top_k, top_p)
     context = model.spec.context
     if tokens.shape[1] + max_new_tokens > context:
         raise BlockforgeError(

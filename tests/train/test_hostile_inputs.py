@@ -180,9 +180,10 @@ RECIPES = [
      2, "GiB available on this machine; make the model or train.micro_batch_size smaller"),
     ("train a ramp that multiplies widths by a million", lambda c: ["train", str(c.write("r.yaml", c.recipe_text(
         layers={"ramp": {"ffn": [1.0e6, 2.0e6]}}))), "--out", str(c.tmp / "new")], 2, "GiB available on this machine"),
-    ("generate --temperature nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--temperature", "nan"], 2, "finite temperature"),
-    ("generate --temperature inf", lambda c: ["generate", str(c.export), "--prompt", "x", "--temperature", "inf"], 2, "finite temperature"),
-    ("generate --top-p nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--top-p", "nan"], 2, "0 < top_p <= 1"),
+    ("generate --temperature nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--temperature", "nan"], 2, "--temperature must be a finite number"),
+    ("generate --temperature inf", lambda c: ["generate", str(c.export), "--prompt", "x", "--temperature", "inf"], 2, "--temperature must be a finite number"),
+    ("generate --top-p nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--top-p", "nan"], 2, "--top-p must lie in (0, 1]"),
+    ("generate --top-k 0", lambda c: ["generate", str(c.export), "--prompt", "x", "--top-k", "0"], 2, "--top-k must be at least 1"),
     ("eval --batches -3", lambda c: ["eval", str(c.run), "--batches", "-3"], 2, "--batches"),
     ("eval --batches 0", lambda c: ["eval", str(c.run), "--batches", "0"], 2, "--batches"),
 ]
@@ -302,6 +303,7 @@ def test_hostile_input_is_one_sentence(trained, tmp_path, capsys, name, setup, s
     lines = err.strip().splitlines()
     assert 1 <= len(lines) <= 6 and "Traceback" not in err, err
     assert lines[-1].startswith("blockforge") and needle in err, err
+    assert out == "", out  # a refusal writes nothing else (generate does not echo the prompt first)
     assert elapsed < 10, f"{name} took {elapsed:.1f} s"
 
 
