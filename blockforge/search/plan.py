@@ -13,8 +13,10 @@ finalist (top + baselines + the Pre-LN reference) with `seeds` further seeds, pl
 stopped early finishing it; racing (max_seeds - seeds) further seeds for the winner, the runner-up and
 the reference; promotion (sampled cells with a scheduler) every pruned exploration trial finishing with
 all seeds; transfer every target's candidates with their seeds. With --gpu, --gpus and --mfu: GPU-hours at
-that fraction of the GPU's dense bf16 peak, and the wall time if the trials could run back to back at the
-search's concurrency (a lower bound: confirmation waits for its cell's exploration).
+that fraction of the GPU's dense bf16 peak, and a lower bound on the wall time: the larger of the GPU-hours
+spread over the trials that run at once, and the longest chain of stages that must follow one another (in a
+cell: exploration, confirmation, each racing round, promotion, one trial long each at least; a transfer
+target after every proxy cell).
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ class CellPlan:
     @property
     def total_flops(self) -> float:
         return self.total_trials * self.trial_flops
+
+    @property
+    def rounds(self) -> int:
+        """Stages of this cell that wait for the one before, each at least one trial long."""
+        return sum(1 if stage != "racing" else self.racing_rounds for stage, n in self.trials.items() if n)
+
+    racing_rounds: int = 0  # racing adds one seed at a time
 
 
 def trial_flops(recipe) -> tuple[int, int, float]:
@@ -103,7 +112,8 @@ def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
         trials["racing"] = 3 * ((confirm.max_seeds or confirm.seeds) - confirm.seeds)
     if pruning:
         trials["promotion"] = explore * (1 + (confirm.seeds if confirm else 0))
-    return CellPlan(name, parameters, non_embedding, flops, trials)
+    racing_rounds = (confirm.max_seeds or confirm.seeds) - confirm.seeds if confirm is not None else 0
+    return CellPlan(name, parameters, non_embedding, flops, trials, racing_rounds=racing_rounds)
 
 
 def search_plan(plan: SearchPlan) -> list[CellPlan]:
@@ -140,14 +150,29 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
         parallel = max(1, available // per_trial)
         if concurrency is not None:
             parallel = min(parallel, concurrency)
-        gpu_hours = total_flops / (peak * 1e12 * mfu) / 3600
-        wall = gpu_hours / (parallel * per_trial)
+        speed = peak * 1e12 * mfu  # FLOP/s of one GPU
+        gpu_hours = total_flops / speed / 3600
+        spread = gpu_hours * 3600 / (parallel * per_trial)
+        chain, longest = critical_path(cells, speed * per_trial)
         lines.append(f"On {available} x {gpu} at {mfu:.0%} MFU ({peak:g} TFLOP/s dense bf16 each; {source}): {gpu_hours:,.1f} GPU-hours; "
-                     f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(wall * 3600)} of wall time.")
+                     f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(max(spread, chain))} of wall time "
+                     f"(the GPU-hours spread over them: {_duration(spread)}; stages that follow one another: {_duration(chain)}, {longest}).")
     return "\n".join(lines)
 
 
+def critical_path(cells: list[CellPlan], trial_speed: float) -> tuple[float, str]:
+    """(seconds, what) of the longest chain of stages that wait for each other, at `trial_speed` FLOP/s per trial:
+    a proxy cell's stages one after another; a transfer target's trials after the slowest proxy cell."""
+    proxies = [(c.rounds * c.trial_flops / trial_speed, c.cell) for c in cells if not c.target]
+    slowest = max(proxies, default=(0.0, ""))
+    chains = [(t, f"{cell}'s stages") for t, cell in proxies]
+    chains += [(slowest[0] + c.trial_flops / trial_speed, f"{slowest[1]}'s stages then target {c.cell}") for c in cells if c.target]
+    return max(chains, default=(0.0, "no stage"))
+
+
 def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.2g} s"
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
     if seconds < 48 * 3600:

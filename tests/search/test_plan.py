@@ -8,7 +8,7 @@ import blockforge
 from blockforge.cli import main
 from blockforge.nn.flops import model_costs
 from blockforge.search.config import load_search
-from blockforge.search.plan import GPU_PEAKS, search_plan, trial_flops
+from blockforge.search.plan import GPU_PEAKS, critical_path, search_plan, trial_flops
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerOverride, LayerRules
 
@@ -57,6 +57,11 @@ def test_worst_case_trials_per_stage_and_gpu_time(tmp_path, capsys):
     hours = total / (GPU_PEAKS["H100"][0] * 1e12 * 0.5) / 3600
     assert f"{hours:,.1f} GPU-hours" in out and "8 trial(s) at once" in out and f"{total:.3g}" in out
     assert not (tmp_path / "runs").exists()
+    # with a GPU per trial for everything, the wall time is the longest chain of stages: depth=4's explore,
+    # confirm, one racing round and promotion, each one trial of depth 4 long
+    chain, longest = critical_path(list(cells.values()), GPU_PEAKS["H100"][0] * 1e12 * 0.5)
+    assert chain == pytest.approx(4 * cells["depth=4"].trial_flops / (GPU_PEAKS["H100"][0] * 1e12 * 0.5)) and longest == "depth=4's stages"
+    assert cells["depth=2"].rounds == 3 and cells["depth=4"].rounds == 4
 
 
 @pytest.mark.parametrize("flags,needle", [(["--gpu", "K80"], "--gpu K80: unknown"), (["--gpus", "8"], "add --plan"),
@@ -66,3 +71,15 @@ def test_a_bad_plan_flag_is_one_sentence(tmp_path, capsys, flags, needle):
     code = main(["search", str(path), *(["--plan"] if flags[0] == "--gpu" else []), *flags])
     err = capsys.readouterr().err.strip()
     assert code == 2 and needle in err and len(err.splitlines()) == 1, err
+
+
+def test_transfer_targets_are_planned_after_every_proxy_cell(tmp_path):
+    path = write_search(tmp_path, cells={"model.depth": [2, 4]}, scheduler=None, confirm={"top": 1, "seeds": 1},
+                        transfer={"to": [{"model.depth": 8}], "seeds": 2, "neighbours": 1})
+    cells = {c.cell: c for c in search_plan(load_search(path))}
+    target = cells["depth=8"]
+    assert target.target and target.trials == {"transfer": (2 * 1 + 2) * 2}  # predicted k, one neighbour each side, Pre-LN; 2 seeds
+    assert target.trial_flops > cells["depth=4"].trial_flops
+    chain, longest = critical_path(list(cells.values()), 1e12)
+    slowest = max(c.rounds * c.trial_flops for c in cells.values() if not c.target)
+    assert chain == pytest.approx((slowest + target.trial_flops) / 1e12) and longest.endswith("then target depth=8")
