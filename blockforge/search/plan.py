@@ -9,7 +9,8 @@ with F the forward FLOPs of one sample (a sequence of `context` tokens, or one i
 steps / eval_every (at least the final one). A cell's points may differ in size (an FFN ramp, per-layer
 heads): the largest of its base point, its baselines and each searched value alone is used. Worst case by
 stage: exploration trials_per_cell (or the distinct points of an enumerated cell); confirmation every
-finalist (top + baselines + the Pre-LN reference) with `seeds` further seeds, plus finalists whose run was
+finalist (top, or up to 2 * top points of the explored front with a cost axis, + baselines + the Pre-LN
+reference) with `seeds` further seeds, plus finalists whose run was
 stopped early finishing it; racing (max_seeds - seeds) further seeds for the winner, the runner-up and
 the reference; promotion (sampled cells with a scheduler) every pruned exploration trial finishing with
 all seeds; transfer every target's candidates with their seeds. With --gpu, --gpus and --mfu: GPU-hours at
@@ -107,7 +108,8 @@ def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
     confirm = plan.confirm
     pruning = plan.asha is not None and enumeration is None
     if confirm is not None:
-        finalists = min(confirm.top + len(plan.baselines) + 1, explore + len(plan.baselines))
+        top = 2 * confirm.top if plan.costs else confirm.top  # with a cost axis, up to twice top points of the explored front
+        finalists = min(top + len(plan.baselines) + 1, explore + len(plan.baselines))
         trials["confirm"] = finalists * confirm.seeds + (finalists if pruning else 0)
         trials["racing"] = 3 * ((confirm.max_seeds or confirm.seeds) - confirm.seeds)
     if pruning:

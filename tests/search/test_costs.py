@@ -153,3 +153,22 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert "no front point of cell depth=2 is within it" in capsys.readouterr().err
     again = run_search(path, out=out, resume=True, progress_every_s=0)
     assert json.loads((out / "pareto.json").read_text())["depth=2"] == front and len(again.records) == len(outcome.records)
+
+
+def test_the_plan_bounds_what_a_cost_axis_search_trains(tmp_path):
+    """Confirmation trains up to 2 * top points of the explored front (plus baselines): the plan's worst case holds it.
+    Here quality improves with every cost, so each explored point is on the front."""
+    from blockforge.search.plan import search_plan
+
+    path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, trials_per_cell=6, overrides={"model.heads": 4},
+                        space={"model.kv_heads": {"choice": [1, 2, 4]}, "model.ffn": {"choice": [32, 48, 64]}}, sampler={"grid": {}},
+                        baselines=[{"model.kv_heads": 1, "model.ffn": 32}], objective=None,
+                        objectives=[{"metric": "val_loss"}, {"cost": "kv_cache_bytes"}, {"cost": "train_flops_per_token"}],
+                        confirm={"top": 2, "seeds": 1})
+    plan = load_search(path)
+    handed = drive(CellSearcher(plan, str(tmp_path / "s")), lambda config: 6.0 - dict(config["overrides"])["model.kv_heads"]
+                   - dict(config["overrides"])["model.ffn"] / 64)
+    confirmed = [c for c in handed if c["stage"] == "confirm"]
+    (cell,) = search_plan(plan)
+    assert len(confirmed) > (2 + 1 + 1) * 1  # more finalists than top + baselines + a Pre-LN reference
+    assert len(confirmed) <= cell.trials["confirm"] and len(handed) <= cell.total_trials
