@@ -207,6 +207,21 @@ class SearchPlan:
     costs: list[tuple[str, str]] = field(default_factory=list)  # a cost axis: (cost, min | max) after the quality metric
     constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
 
+    def varied_keys(self) -> set[str]:
+        """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
+        return {k for c in self.cells for k in c} | {d.key for d in self.dimensions} | {k for b in self.baselines for k in b}
+
+    @property
+    def varies_alpha(self) -> bool:
+        """Mix-LN's alpha differs between the models: alpha ranges, Post-LN counts, the alpha plots and law apply."""
+        return MIX_LN_ALPHA in self.varied_keys() or bool(self.targets)
+
+    @property
+    def against_pre_ln(self) -> bool:
+        """Where the norms sit differs between the models (Mix-LN or a placement): verdicts against Pre-LN apply.
+        A search over other knobs (heads, windows, the learning rate) compares its models with each other only."""
+        return self.varies_alpha or any("mix_ln" in k or "placement" in k for k in self.varied_keys())
+
     def cell_names(self) -> list[str]:
         """The searched (proxy) cells."""
         return [cell_name(c) for c in self.cells]

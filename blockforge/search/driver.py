@@ -193,7 +193,7 @@ class ProgressView:
         parts = []
         for cell, e in evidence_by_cell(self.plan, records).items():
             if e.winner is not None:
-                against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.vs_reference and e.verdict != "Pre-LN" else ""
+                against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.against_pre_ln and e.vs_reference and e.verdict != "Pre-LN" else ""
                 rung = rung_line(self.plan, records, cell)
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")

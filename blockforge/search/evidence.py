@@ -119,6 +119,7 @@ class CellEvidence:
     vs_runner_up: Difference | None
     verdict: str  # the winner against Pre-LN: better | tied | worse | n/a | Pre-LN (the winner is Pre-LN)
     mode: str
+    against_pre_ln: bool = True  # False: the search varies no placement, so its claims compare models with each other only
 
     def difference_to(self, candidate: Candidate, other: Candidate | None) -> Difference | None:
         return paired_difference(candidate.values, other.values) if other is not None else None
@@ -128,21 +129,22 @@ class CellEvidence:
         if self.winner is None:
             return f"{self.cell}: no model finished the full budget."
         w = self.winner
-        text = f"{self.cell}: best mean {describe(w)}, {w.spread()}"
-        if self.verdict == "Pre-LN":
-            text += "; it is the Pre-LN reference"
-        elif self.reference is None:
-            text += "; no Pre-LN model was trained to compare with"
-        elif self.verdict == "n/a":
-            text += f"; against Pre-LN {self.vs_reference.text() if self.vs_reference else 'no common seed'}: one seed gives no interval"
-        else:
-            text += f"; against Pre-LN {self.vs_reference.text()}: {self.verdict}"
+        text = f"{self.cell}: best mean {describe(w)}, {w.spread()}" + (self._against_pre_ln() if self.against_pre_ln else "")
         tied = self.tied_with_winner()
         if tied:
             text += "; tied with " + ", ".join(f"{describe(c)} ({self.difference_to(c, w).text()})" for c in tied)
         elif self.runner_up is not None and self.vs_runner_up is not None and self.vs_runner_up.low is not None:
             text += f"; ahead of every other finalist (runner-up {describe(self.runner_up)}: {self.vs_runner_up.text()})"
         return text + "."
+
+    def _against_pre_ln(self) -> str:
+        if self.verdict == "Pre-LN":
+            return "; it is the Pre-LN reference"
+        if self.reference is None:
+            return "; no Pre-LN model was trained to compare with"
+        if self.verdict == "n/a":
+            return f"; against Pre-LN {self.vs_reference.text() if self.vs_reference else 'no common seed'}: one seed gives no interval"
+        return f"; against Pre-LN {self.vs_reference.text()}: {self.verdict}"
 
     def tied_with_winner(self) -> list[Candidate]:
         """Finalists whose paired interval against the winner includes zero: the data cannot rank them below it."""
@@ -159,7 +161,7 @@ class CellEvidence:
 def describe(candidate) -> str:
     """'1 Post-LN layer, lr 0.003': a candidate's (or a trial record's) shape and its other searched values."""
     parts = []
-    if candidate.post_ln_layers is not None:
+    if candidate.post_ln_layers is not None and any(key.endswith("mix_ln.alpha") for key in candidate.overrides):
         k = candidate.post_ln_layers
         parts.append(f"{k} Post-LN layer{'' if k == 1 else 's'}")
     for key, value in candidate.overrides.items():
@@ -187,7 +189,7 @@ def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:
     return [c for c in found.values() if c.values]
 
 
-def cell_evidence(records: list, cell: str, *, mode: str, penalty: float, min_seeds: int = 1) -> CellEvidence:
+def cell_evidence(records: list, cell: str, *, mode: str, penalty: float, min_seeds: int = 1, against_pre_ln: bool = True) -> CellEvidence:
     """The cell's candidates, winner, Pre-LN reference and verdicts.
 
     A winner must have at least `min_seeds` replicates (the confirmation's floor, or as many as any
@@ -208,7 +210,7 @@ def cell_evidence(records: list, cell: str, *, mode: str, penalty: float, min_se
     else:
         call = verdict(vs_reference, mode) if reference is not None else "n/a"
     vs_runner_up = paired_difference(runner_up.values, winner.values) if runner_up else None
-    return CellEvidence(cell, candidates, eligible, winner, reference, runner_up, vs_reference, vs_runner_up, call, mode)
+    return CellEvidence(cell, candidates, eligible, winner, reference, runner_up, vs_reference, vs_runner_up, call, mode, against_pre_ln)
 
 
 def min_seeds(plan: SearchPlan) -> int:
@@ -218,7 +220,8 @@ def min_seeds(plan: SearchPlan) -> int:
 
 def evidence_by_cell(plan: SearchPlan, records: list) -> dict[str, CellEvidence]:
     """Every cell's evidence, the transfer's targets included (their candidates have the transfer's seeds)."""
-    evidence = {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan)) for cell in plan.cell_names()}
+    evidence = {cell: cell_evidence(records, cell, mode=plan.mode, penalty=plan.penalty, min_seeds=min_seeds(plan), against_pre_ln=plan.against_pre_ln)
+                for cell in plan.cell_names()}
     for target in plan.target_names():
         evidence[target] = cell_evidence(records, target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
     return evidence

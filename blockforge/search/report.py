@@ -38,9 +38,10 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
     """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN."""
     extra = other_keys(plan)
     infeasible = ["infeasible"] if plan.constraints else []
-    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", *infeasible, "best alpha range", "post-LN layers",
-               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", "Pre-LN mean ± sd (n)",
-               "vs Pre-LN [95% CI]", "verdict", "runner-up gap [95% CI]"]
+    alpha = ["best alpha range", "post-LN layers"] if plan.varies_alpha else []
+    pre_ln = ["Pre-LN mean ± sd (n)", "vs Pre-LN [95% CI]", "verdict"] if plan.against_pre_ln else []
+    headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", *infeasible, *alpha,
+               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", *pre_ln, "runner-up gap [95% CI]"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
@@ -50,10 +51,11 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
         rows.append([
             cell, len(mine), counts["completed"], counts["pruned"], counts["diverged"], counts["failed"], counts["duplicate"],
             *(counts["infeasible"] for _ in infeasible),
-            alpha_range_text(w, plan, cell) if w else "-", fmt(w.post_ln_layers) if w else "-",
+            *([alpha_range_text(w, plan, cell) if w else "-", fmt(w.post_ln_layers) if w else "-"] if alpha else []),
             *(fmt(w.overrides.get(k)) if w else "-" for k in extra),
-            w.spread() if w else "-", e.reference.spread() if e.reference else "-",
-            e.vs_reference.text() if e.vs_reference and e.verdict != "Pre-LN" else "-", e.verdict,
+            w.spread() if w else "-",
+            *([e.reference.spread() if e.reference else "-", e.vs_reference.text() if e.vs_reference and e.verdict != "Pre-LN" else "-",
+               e.verdict] if pre_ln else []),
             e.vs_runner_up.text() if e.vs_runner_up else "-",
         ])
     return headers, rows
@@ -69,19 +71,22 @@ def alpha_range_text(candidate: Candidate | TrialRecord, plan: SearchPlan, cell:
 def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
     """Every candidate of a cell trained to the full budget: replicates, and paired differences with 95% intervals."""
     extra = other_keys(plan)
+    alpha, pre_ln = plan.varies_alpha, e.against_pre_ln
     rows = []
     for c in e.candidates:
         to_pre = paired_difference(c.values, e.reference.values) if e.reference is not None and c is not e.reference else None
         to_winner = paired_difference(c.values, e.winner.values) if c is not e.winner else None
-        role = "winner" if c is e.winner else ("Pre-LN reference" if c is e.reference else ("runner-up" if c is e.runner_up else ""))
+        reference = "Pre-LN reference" if pre_ln and c is e.reference else ""
+        role = "winner" if c is e.winner else (reference or ("runner-up" if c is e.runner_up else ""))
         rows.append([
-            describe(c), alpha_range_text(c, plan, e.cell), *(fmt(c.overrides.get(k)) for k in extra),
+            describe(c), *([alpha_range_text(c, plan, e.cell)] if alpha else []), *(fmt(c.overrides.get(k)) for k in extra),
             ", ".join(str(s) for s in sorted(c.values)), fmt(c.mean), fmt(c.sd) if c.n > 1 else "-", c.n,
-            to_pre.text() if to_pre else "-", verdict(to_pre, plan.mode) if to_pre else ("reference" if c is e.reference else "-"),
+            *([to_pre.text() if to_pre else "-", verdict(to_pre, plan.mode) if to_pre else ("reference" if c is e.reference else "-")]
+              if pre_ln else []),
             to_winner.text() if to_winner else "-", role,
         ])
-    headers = ["model", "alpha range", *(k.rsplit(".", 1)[-1] for k in extra), "seeds", "mean", "sd", "n",
-               "minus Pre-LN [95% CI]", "vs Pre-LN", "minus winner [95% CI]", ""]
+    headers = ["model", *(["alpha range"] if alpha else []), *(k.rsplit(".", 1)[-1] for k in extra), "seeds", "mean", "sd", "n",
+               *(["minus Pre-LN [95% CI]", "vs Pre-LN"] if pre_ln else []), "minus winner [95% CI]", ""]
     return markdown_table(headers, rows)
 
 
@@ -264,8 +269,9 @@ def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
                                 "tied with"], rows) if rows else "(no candidate has the confirmation's seeds yet)"
         parts.append(f"### {cell}\n\n{table}\n\nHypervolume: {hv}.\n")
         on = front.front()
-        lines.append(f"{cell}: front of {len(on)} point(s) ({', '.join(f'{i}: {describe(p.candidate)}' for i, p in enumerate(on))}); "
-                     f"hypervolume {hv}")
+        lines.append(f"{cell}: front of {len(on)} point(s), hypervolume {hv}" + (":" if on else ""))
+        lines += [f"  {i}: {describe(p.candidate)}: {plan.metric} {p.candidate.spread()}; " + ", ".join(f"{c} {fmt(p.costs[c])}" for c in names)
+                  for i, p in enumerate(on)]
     return "\n".join(parts), lines
 
 
@@ -279,8 +285,11 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
     from blockforge.search.evidence import t_quantile
 
     cells, names = list(fronts), [c for c, _ in plan.costs]
-    fig, axes = plt.subplots(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells)), squeeze=False)
+    # front points are labelled with their number (the table's, and what `export --pick` takes), listed under the plots
+    key = [f"{cell}: " + "; ".join(f"{i} = {describe(p.candidate)}" for i, p in enumerate(fronts[cell].front())) for cell in cells]
+    fig, axes = plt.subplots(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells) + 0.3 * len(key)), squeeze=False)
     for r, cell in enumerate(cells):
+        numbers = {id(p): i for i, p in enumerate(fronts[cell].front())}
         for c, cost in enumerate(names):
             ax = axes[r][c]
             for p in fronts[cell].points:
@@ -288,13 +297,16 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
                 half = t_quantile(n - 1) * p.candidate.sd / n ** 0.5 if n > 1 else 0.0
                 ax.errorbar([p.costs[cost]], [p.candidate.mean], yerr=[[half], [half]], fmt="o" if p.on_front else "x",
                             color="tab:blue" if p.on_front else "tab:gray", capsize=3, markersize=5)
-                ax.annotate(describe(p.candidate), (p.costs[cost], p.candidate.mean), fontsize=6, alpha=0.7)
+                if id(p) in numbers:
+                    ax.annotate(str(numbers[id(p)]), (p.costs[cost], p.candidate.mean), xytext=(4, 3), textcoords="offset points",
+                                fontsize=8, fontweight="bold")
             ax.set_xlabel(cost)
             ax.set_ylabel(plan.metric)
             ax.set_title(cell, fontsize=9)
             ax.grid(alpha=0.3)
     fig.suptitle(f"{plan.name}: {plan.metric} against each cost (filled: on the front; bars: 95% over seeds)", fontsize=10)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "\n".join(key), fontsize=7, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.3 * len(key) / fig.get_figheight() + 0.02, 1, 1))
     save_png(fig, path, dpi=110)
     plt.close(fig)
 
@@ -377,7 +389,8 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
         "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
         "bootstrap": asdict(boot) if boot else None,
     })
-    plot_metric_vs_alpha(plan, records, evidence, search_dir / "metric_vs_alpha.png")
+    if plan.varies_alpha:
+        plot_metric_vs_alpha(plan, records, evidence, search_dir / "metric_vs_alpha.png")
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
@@ -400,10 +413,13 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
                              f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
     curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
-    views = (f"Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`. Plots: `metric_vs_alpha.png`, "
-             f"`best_alpha_vs_depth.png`.\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
+    plots = ["metric_vs_alpha.png", "best_alpha_vs_depth.png"] if plan.varies_alpha else []
+    plots += ["pareto.png"] if plan.costs else []
+    views = (f"Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
+             + f"\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
     confirm = plan.confirm
-    stages = (f"confirmation: the {confirm.top} best distinct models, the baselines and the best Pre-LN model, each trained to the full "
+    finalists = f"the {confirm.top} best distinct models" if confirm and not plan.costs else (f"up to {2 * confirm.top} points of the explored front" if confirm else "")
+    stages = (f"confirmation: {finalists}, the baselines" + (" and the best Pre-LN model" if plan.against_pre_ln else "") + ", each trained to the full "
               f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else "")
               if confirm else "no confirmation (one seed per model: no intervals)")
     details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
@@ -437,17 +453,17 @@ invalid points cost nothing), their steps, those steps' FLOPs at the cell's plan
 the seconds their trials reported.
 
 {compute_section(plan, records)}
-
+""" + (f"""
 ## alpha_opt(depth, width)
 
 Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
 below are fitted to k/L.
 
-{law_section(points, law, boot, resampled, plan.metric)}"""
+{law_section(points, law, boot, resampled, plan.metric)}""" if plan.varies_alpha else "")
     atomic_write_text(search_dir / "summary.md", summary)
     verdict_line = boot.verdict if boot else law.verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (cell_rungs(plan, records, cell).advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return (console + "\n\n" + "\n".join(claims + pareto_lines + advice) + "\n\n" + verdict_line
+    return (console + "\n\n" + "\n".join(claims + pareto_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))

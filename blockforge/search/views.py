@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -122,8 +123,10 @@ def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[Trial
             directions = ["minimize" if m == "min" else "maximize" for m in (plan.mode, *(m for _, m in plan.costs))]
             study = optuna.create_study(study_name=cell, storage=storage, directions=directions)
             study.set_user_attr("metric", plan.metric)
-            if plan.costs:
-                study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
+            if plan.costs:  # the names optuna-dashboard shows on the front's axes (an experimental API: its warning is noise here)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
             study.set_user_attr("cell", plan.cell(cell))
             trials = [t for t in (_frozen_trial(plan, r) for r in records if r.cell == cell) if t is not None]
             if trials:

@@ -135,7 +135,10 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert not any(r.status == "infeasible" and r.steps for r in outcome.records)
     front = json.loads((out / "pareto.json").read_text())["depth=2"]
     on = [p for p in front if p["on_front"]]
-    assert on and (out / "pareto.png").exists() and "## Pareto fronts" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert on and (out / "pareto.png").exists() and "## Pareto fronts" in summary
+    # no Mix-LN and no placement varies here: no alpha columns, plots or law, and no verdicts against Pre-LN
+    assert "Post-LN" not in summary and "Pre-LN" not in summary and "alpha_opt" not in summary and not (out / "metric_vs_alpha.png").exists()
     assert "kv_cache_bytes" in (out / "results.csv").read_text().splitlines()[0]
     import optuna
 
