@@ -121,3 +121,12 @@ def test_missing_local_data_fails_before_any_trial(tmp_path, monkeypatch):
     with pytest.raises(SpecError) as caught:
         load_search(relative_data(tmp_path, monkeypatch, "nowhere/*.txt"))
     assert "data.path" in str(caught.value) and "matches no files" in str(caught.value)
+
+
+def test_reports_compare_with_pre_ln_only_where_placements_vary(tmp_path):
+    alpha = load_search(write_search(tmp_path))
+    placement = load_search(write_search(tmp_path, space={"model.layers.default.placement": {"choice": ["pre", "post"]}}, baselines=[]))
+    heads = load_search(write_search(tmp_path, space={"model.kv_heads": {"choice": [1, 2]}}, baselines=[], overrides={"model.heads": 2}))
+    assert (alpha.varies_alpha, alpha.against_pre_ln) == (True, True)
+    assert (placement.varies_alpha, placement.against_pre_ln) == (False, True)
+    assert (heads.varies_alpha, heads.against_pre_ln) == (False, False)
