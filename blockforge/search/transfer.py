@@ -6,8 +6,9 @@ the nearest proxy cell (by log-depth and log-width) whose winner's fraction of P
 over. The other searched values (a learning rate, say) come from that nearest proxy's winner. At the target
 the predicted k, `neighbours` k on each side and Pre-LN are trained with the transfer's seeds, paired, at
 the full budget. The prediction held when the predicted k is in the target's tied-best set (its paired
-interval against the best includes zero); it did not hold when the best beats it with an interval that
-excludes zero; a target without two shared seeds cannot tell.
+interval against the best includes zero) and that set is not everything trained there; it did not hold when
+the best beats it with an interval that excludes zero; a target cannot tell without two shared seeds, or
+when every candidate, Pre-LN included, is tied with the best (then a tie would say nothing).
 """
 
 from __future__ import annotations
@@ -135,6 +136,12 @@ def judge(plan: SearchPlan, records: list, prediction: Prediction) -> TargetOutc
     versus = "Pre-LN" if prediction.k == 0 else verdict(paired_difference(predicted.values, pre.values), plan.mode) if pre else "n/a"
     edge = ("; the best lies at the edge of what was trained, so a k beyond it may be better still"
             if observed == max(by_k) or (observed > 1 and observed == min(k for k in by_k if k)) else "")
+    below = [c for c in e.eligible if c is not e.winner and (d := e.difference_to(c, e.winner)) is not None and d.low is not None
+             and d.excludes_zero()]
+    if not below:  # nothing, Pre-LN included, is ranked below the best: a tie with it says nothing
+        return TargetOutcome(prediction, observed, "cannot tell", versus,
+                             f"every candidate trained here, Pre-LN included, is tied with the best mean (k={observed}): the seeds "
+                             f"disagree too much to rank them; more seeds (transfer.seeds) would tell")
     if predicted is e.winner:
         return TargetOutcome(prediction, observed, "held", versus, f"the predicted k={prediction.k} has the best mean ({predicted.spread()}){edge}")
     diff = paired_difference(predicted.values, e.winner.values)

@@ -49,20 +49,38 @@ def test_targets_train_the_predicted_k_its_neighbours_and_pre_ln_with_seeds_and_
     assert saved[0]["predicted_k"] == 2 and saved[0]["observed_k"] == 3 and 0 < saved[0]["flops_spent"] < saved[0]["flops_full_search"]
 
 
-def test_a_prediction_inside_the_targets_tied_best_set_held(tmp_path):
-    plan = transfer_search(tmp_path)
-    # Proxies: k=1 of 4 best. At depth 8, k=3 has the best mean (5.0 against the predicted k=2's 5.05) but its
-    # seeds disagree (4.8 and 5.2): the interval includes zero, so the prediction is in the tied-best set.
+def proxies_then(target_value):
+    """Proxies where k=1 of 4 (a quarter) is best; at the target depth 8, `target_value(k, seed)`."""
     def value(config):
         k, seed = k_of(config), dict(config["overrides"])["train.seed"]
         if config["cell"] != "depth=8":
             return 5.0 + abs(k / {"depth=2": 2, "depth=4": 4}[config["cell"]] - 0.25) + 0.01 * seed
-        return 5.0 + 0.05 * abs(k - 3) + ((0.2 if seed % 2 else -0.2) if k == 3 else 0.0)
-    drive(CellSearcher(plan, str(tmp_path / "s")), value)
+        return target_value(k, seed)
+    return value
+
+
+def test_a_prediction_inside_the_targets_tied_best_set_held(tmp_path):
+    plan = transfer_search(tmp_path)
+    # At depth 8, k=3 has the best mean (5.0 against the predicted k=2's 5.05), but k=2's seeds disagree (4.85 and
+    # 5.25): its interval against k=3 includes zero, so it is in the tied-best set. Pre-LN is worse on both seeds.
+    def target(k, seed):
+        sign = 1 if seed % 2 else -1
+        return {3: 5.0 + 0.01 * sign, 2: 5.05 + 0.2 * sign, 0: 6.0}.get(k, 5.0 + 0.05 * abs(k - 3))
+    drive(CellSearcher(plan, str(tmp_path / "s")), proxies_then(target))
     records = Ledger(tmp_path / "s" / "trials.jsonl").records()
     outcome = judge(plan, records, predict(plan, records, "depth=8"))
     assert outcome.prediction.k == 2 and outcome.observed == 3 and outcome.outcome == "held", outcome
     assert "tied with the best k=3" in outcome.detail
+
+
+def test_a_target_where_everything_ties_with_the_best_cannot_tell(tmp_path):
+    plan = transfer_search(tmp_path)
+    # k=3's seeds disagree (4.8 and 5.2), so every candidate, Pre-LN (5.15) included, is tied with it: no ranking.
+    drive(CellSearcher(plan, str(tmp_path / "s")), proxies_then(lambda k, seed: 5.0 + 0.05 * abs(k - 3) + ((0.2 if seed % 2 else -0.2) if k == 3 else 0.0)))
+    records = Ledger(tmp_path / "s" / "trials.jsonl").records()
+    outcome = judge(plan, records, predict(plan, records, "depth=8"))
+    assert outcome.observed == 3 and outcome.outcome == "cannot tell", outcome
+    assert "Pre-LN included, is tied with the best" in outcome.detail
 
 
 def test_a_search_killed_during_the_transfer_stage_repeats_nothing(tmp_path):
