@@ -36,7 +36,7 @@ def _interleaved_to_half_split(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-ROPE_TYPES = ("default", "llama3")
+ROPE_TYPES = ("default", "llama3", "linear")
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,8 @@ def _spec_from_config(config, what: str, windows: list[int | None], ropes: list[
                               high_freq_factor=float(first["high_freq_factor"]), original_context=int(first["original_max_position_embeddings"]))
     thetas = [float(r["rope_theta"]) for r in layer_ropes]
     model_theta = max(set(thetas), key=thetas.count)
+    linear = [float(r["factor"]) if r["rope_type"] == "linear" else None for r in layer_ropes]  # positions divided by it
+    shared_linear = linear[0] if len(set(linear)) == 1 else None  # every layer's (a llama with linear scaling): the default
     ropes = ropes or [True] * config.num_hidden_layers
     gemma = config.model_type.startswith("gemma")
     granite = config.model_type == "granite"
@@ -150,13 +152,15 @@ def _spec_from_config(config, what: str, windows: list[int | None], ropes: list[
             settings["window"] = windows[i]
         if thetas[i] != model_theta:
             settings["rope_theta"] = thetas[i]
+        if linear[i] is not None and linear[i] != shared_linear:
+            settings["rope_linear_factor"] = linear[i]
         if not ropes[i]:
             settings["rope"] = False
         if settings:
             overrides.append(LayerOverride(at=[i], **settings))
     attention_bias = bool(getattr(config, "attention_bias", False))
     default = LayerSettings(placement=design.placement, qk_norm=design.qk_norm is not None, qk_norm_over=design.qk_norm or "head",
-                            mlp_act=ACTIVATIONS[act], query_scale=query_scale, attn_logit_softcap=softcap)
+                            mlp_act=ACTIVATIONS[act], query_scale=query_scale, attn_logit_softcap=softcap, rope_linear_factor=shared_linear)
     return ModelSpec(
         family="llama", width=config.hidden_size, depth=config.num_hidden_layers, heads=heads, head_dim=head_dim,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads, ffn=config.intermediate_size, vocab=config.vocab_size,
@@ -173,9 +177,9 @@ def _spec_from_config(config, what: str, windows: list[int | None], ropes: list[
 
 
 def _frequency_tables(spec: ResolvedSpec) -> list[torch.Tensor]:
-    """The rotary frequencies of each (head_dim, theta) the model's layers use."""
-    keys = sorted({(layer.head_dim, spec.value(layer, "rope_theta")) for layer in spec.layers if layer.rope})
-    return [rope_frequencies(dim, theta, spec.rope_scaling) for dim, theta in keys]
+    """The rotary frequencies of each (head_dim, theta, linear factor) the model's layers use."""
+    keys = sorted({(layer.head_dim, spec.value(layer, "rope_theta"), layer.rope_linear_factor or 1.0) for layer in spec.layers if layer.rope})
+    return [rope_frequencies(dim, theta, spec.rope_scaling) / factor for dim, theta, factor in keys]
 
 
 def _matching(tensor: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor | None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from blockforge.errors import BlockforgeError
 
-Rope = dict[tuple[int, float], torch.Tensor]  # (head_dim, theta) -> (cos, sin) of every rotation angle, (T, head_dim / 2, 2) float32
+Rope = dict[tuple[int, float, float], torch.Tensor]  # (head_dim, theta, linear factor) -> (cos, sin) of every angle, (T, head_dim / 2, 2) float32
 
 
 def rope_frequencies(dim: int, theta: float, scaling: dict | None = None, device=None) -> torch.Tensor:
@@ -27,14 +27,14 @@ def rope_frequencies(dim: int, theta: float, scaling: dict | None = None, device
     return freq / scaling["factor"] * (1.0 - keep) + freq * keep
 
 
-def rope_tables(keys: set[tuple[int, float]], length: int, device: torch.device, scaling: dict | None = None) -> Rope:
-    """For each (head_dim, theta): cos and sin of t w_j for positions t = 0..length-1 and the frequencies w_j of
-    rope_frequencies, in float32."""
+def rope_tables(keys: set[tuple[int, float, float]], length: int, device: torch.device, scaling: dict | None = None) -> Rope:
+    """For each (head_dim, theta, linear factor): cos and sin of t w_j / factor for positions t = 0..length-1 and
+    the frequencies w_j of rope_frequencies, in float32 (linear RoPE scaling divides the positions by the factor)."""
     positions = torch.arange(length, device=device, dtype=torch.float32)
     tables = {}
-    for dim, theta in keys:
-        angles = torch.outer(positions, rope_frequencies(dim, theta, scaling, device))  # (T, dim/2)
-        tables[(dim, theta)] = torch.stack((angles.cos(), angles.sin()), dim=-1)
+    for dim, theta, factor in keys:
+        angles = torch.outer(positions, rope_frequencies(dim, theta, scaling, device) / factor)  # (T, dim/2)
+        tables[(dim, theta, factor)] = torch.stack((angles.cos(), angles.sin()), dim=-1)
     return tables
 
 
@@ -164,7 +164,7 @@ class Attention(nn.Module):
                  head_dim: int | None = None, proj_bias: bool | None = None, window: int | None = None,
                  head_norm: Callable[[int], nn.Module] | None = None, qk_norm: bool = False, v_norm: bool = False,
                  score_multiplier: float = 1.0, rope_theta: float | None = None, query_scale: float | None = None,
-                 qk_norm_over: str = "head", attn_logit_softcap: float | None = None):
+                 qk_norm_over: str = "head", attn_logit_softcap: float | None = None, rope_linear_factor: float | None = None):
         super().__init__()
         self.width = width
         self.heads = heads
@@ -177,7 +177,9 @@ class Attention(nn.Module):
         # each kernel's own 1/sqrt(head_dim)
         base = query_scale if query_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.scale = None if score_multiplier == 1.0 and query_scale is None else score_multiplier * base
-        self.rope_key = (self.head_dim, rope_theta) if rope_theta is not None else None  # None: no RoPE in this layer (NoPE)
+        self.rope_linear_factor = rope_linear_factor  # positions divided by it before rotating (linear RoPE scaling)
+        # None: no RoPE in this layer (NoPE)
+        self.rope_key = (self.head_dim, rope_theta, rope_linear_factor or 1.0) if rope_theta is not None else None
         self.attn_logit_softcap = attn_logit_softcap
         self.qkv = nn.Linear(width, (heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.proj = nn.Linear(heads * self.head_dim, width, bias=bias if proj_bias is None else proj_bias)

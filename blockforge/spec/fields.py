@@ -119,6 +119,8 @@ LAYER_FIELDS: list[LayerField] = [
                plain="default", plain_says="layers without RoPE"),
     LayerField("rope_theta", float, "this layer's RoPE base (default: the model's)", minimum=0, hashed=False,
                inherit=lambda spec, family: spec.rope_theta, plain_says="RoPE bases of their own"),
+    LayerField("rope_linear_factor", float, "linear RoPE scaling: this layer's positions divided by it (Gemma 3's global layers); "
+               "null: none", nullable=True, minimum=0, hashed=False, plain="default", plain_says="linear RoPE scaling", module="attn"),
     LayerField("query_scale", float, "attention scores times this instead of 1/sqrt(head_dim); null: 1/sqrt(head_dim)", nullable=True,
                minimum=0, hashed=False, plain="default", plain_says="a query scale of their own"),
     LayerField("qk_norm_over", str, "what qk_norm normalizes: each head, or the whole query (key) projection (OLMo 2)", default="head",

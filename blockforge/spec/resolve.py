@@ -152,8 +152,8 @@ def _check_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
     if heads % layer["kv_heads"]:
         raise SpecError(f"kv_heads {layer['kv_heads']} must divide heads {heads} (each key/value head serves a group of query heads)",
                         path=where["kv_heads"] if where["kv_heads"] != "model" else where["heads"])
-    if not family.causal and (layer["rope_theta"] is not None or not layer["rope"]):
-        key = "rope_theta" if layer["rope_theta"] is not None else "rope"
+    if not family.causal and (layer["rope_theta"] is not None or layer["rope_linear_factor"] is not None or not layer["rope"]):
+        key = next(k for k in ("rope_theta", "rope_linear_factor") if layer[k] is not None) if layer["rope"] else "rope"
         raise SpecError(f"a {spec.family} model has learned positions, not RoPE; remove {key}", path=where[key])
     if layer["window"] is not None and not family.causal:
         raise SpecError(f"a sliding window needs causal attention, and a {spec.family} model attends both ways; remove window",

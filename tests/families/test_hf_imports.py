@@ -17,7 +17,7 @@ TOL = 1e-4
 BASE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, vocab_size=97,
             max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
-DECODERS = {  # model_type: (config class, model class, settings beside BASE, what the converted spec must say)
+DECODERS = {  # a name: (config class, model class, settings beside BASE, what the converted spec must say)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, use_sliding_window=True, sliding_window=6, max_window_layers=2),
               lambda s: all(l.qk_norm and l.qk_norm_over == "head" for l in s.layers) and [l.window for l in s.layers] == [None, None, 6, 6]),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {},
@@ -31,6 +31,12 @@ DECODERS = {  # model_type: (config class, model class, settings beside BASE, wh
                                                                    rope_parameters=GEMMA3_ROPE),
                     lambda s: [l.window for l in s.layers] == [6] * 5 + [None] and s.value(s.layers[5], "rope_theta") == 1e6
                     and s.value(s.layers[0], "rope_theta") == 1e4 and s.layers[0].qk_norm),
+    "gemma3_text with linear RoPE scaling": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, sliding_window=6, query_pre_attn_scalar=20, num_hidden_layers=6,
+        rope_parameters={**GEMMA3_ROPE, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}),
+        lambda s: [l.rope_linear_factor for l in s.layers] == [None] * 5 + [8.0] and s.value(s.layers[5], "rope_theta") == 1e6),
+    "llama with linear RoPE scaling": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
+                                       lambda s: {l.rope_linear_factor for l in s.layers} == {4.0} and s.layers[0].rope_linear_factor == 4.0),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=10), lambda s: {l.window for l in s.layers} == {10}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 1, 1, 0]), lambda s: [l.rope for l in s.layers] == [True] * 3 + [False]),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
@@ -83,8 +89,8 @@ def test_each_converted_decoder_leaves_through_format_hf_equal_to_blockforge(kin
 
 
 @pytest.mark.parametrize("kind,changes,needle", [
-    ("gemma3_text", {"rope_parameters": {**GEMMA3_ROPE, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}},
-     "rope type \\['linear'\\]"),
+    ("gemma3_text", {"rope_parameters": {**GEMMA3_ROPE, "full_attention": {"rope_type": "dynamic", "factor": 8.0, "rope_theta": 1e6}}},
+     "rope type \\['dynamic'\\]"),
     ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional attention"),
     ("phi3", {"partial_rotary_factor": 0.5}, "partial rotary embeddings"),
     ("gemma", {"hidden_activation": "relu"}, "activation 'relu'"),

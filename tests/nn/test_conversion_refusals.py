@@ -25,7 +25,7 @@ def hf_model(kind: str, **changes):
 
 
 @pytest.mark.parametrize("kind,changes,needle", [
-    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope type \\['linear'\\]"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, "rope type \\['dynamic'\\]"),
     ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}}, "rope type \\['yarn'\\]"),
     ("llama", {"hidden_act": "relu"}, "activation 'relu'"),
 ])

@@ -3,7 +3,7 @@
 Knobs: grouped-query attention (kv_heads), head_dim of its own, sliding window, norm type (LayerNorm,
 DyT), q/k and v norms (per head or over the whole projection), layer scale, different placements for the
 two sub-layers, biases, Llama-3 RoPE scaling, a RoPE base per layer, no RoPE (NoPE), a query scale, the
-MLP's activation, RMSNorm gains as (1 + w), a residual multiplier.
+MLP's activation, RMSNorm gains as (1 + w), a residual multiplier, linear RoPE scaling per layer.
 """
 
 import math
@@ -116,6 +116,7 @@ KNOBS = {
     "all biases": ({}, {"qkv_bias": True, "proj_bias": True}),
     "llama3 rope scaling": ({}, {"rope_scaling": RopeScaling(type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=2.0, original_context=8)}),
     "rope base of its own": ({"rope_theta": 37.0}, {}),
+    "linear rope scaling x4 with a base of its own": ({"rope_linear_factor": 4.0, "rope_theta": 37.0}, {}),
     "no rope (NoPE)": ({"rope": False}, {}),
     "query scale": ({"query_scale": 0.8}, {}),
     "query scale with muP's inverse scale": ({"query_scale": 0.8}, {"parametrization": "mup", "base_width": 4, "attention_scale": "inverse"}),
@@ -183,6 +184,18 @@ def test_llama3_rope_scaling_stretches_long_wavelengths_only():
     assert middle.any() and ((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8)).all()
 
 
+def test_linear_rope_scaling_rotates_position_t_as_plain_rope_rotates_t_over_the_factor():
+    """Linear scaling (Gemma 3's global layers): angles t * theta^(-2j/d) / factor, by hand."""
+    d, theta, factor, length = 8, 37.0, 4.0, 9
+    table = rope_tables({(d, theta, factor)}, length, torch.device("cpu"))[(d, theta, factor)]
+    t = torch.arange(length, dtype=torch.float64)[:, None]
+    angles = t / factor * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    torch.testing.assert_close(table[..., 0].double(), angles.cos(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(table[..., 1].double(), angles.sin(), atol=1e-6, rtol=0)
+    plain = rope_tables({(d, theta, 1.0)}, 4 * length, torch.device("cpu"))[(d, theta, 1.0)]
+    torch.testing.assert_close(table[0::4], plain[: len(table[0::4])])  # position 4k, scaled, is position k unscaled
+
+
 def test_a_window_changes_attention_only_beyond_its_reach():
     """With window w, outputs at positions < w equal global attention's; later ones differ."""
     torch.manual_seed(0)
@@ -197,7 +210,8 @@ def test_a_window_changes_attention_only_beyond_its_reach():
 
 def test_the_new_knobs_reach_the_modules_with_the_values_they_name():
     attn = build({"query_scale": 0.8, "rope_theta": 37.0}).layers[0].attn.branch
-    assert attn.scale == 0.8 and attn.rope_key == (WIDTH // 4, 37.0)
+    assert attn.scale == 0.8 and attn.rope_key == (WIDTH // 4, 37.0, 1.0)
+    assert build({"rope_linear_factor": 8.0}).layers[0].attn.branch.rope_key == (WIDTH // 4, 10000.0, 8.0)
     assert build({"rope": False}).layers[0].attn.branch.rope_key is None
     mup = build({"query_scale": 0.8}, parametrization="mup", base_width=4, attention_scale="inverse").layers[0].attn.branch
     assert mup.scale == pytest.approx(0.8 * 4 ** -0.5)  # width 16 over base 4: muP's factor m^-1/2 on top of the query scale
@@ -227,7 +241,7 @@ def test_embedding_scale_logit_multiplier_and_soft_cap_by_hand():
 @pytest.mark.parametrize("field,value,needle", [
     ("rope_theta", 0.0, "rope_theta: must be greater than zero"), ("query_scale", -1.0, "query_scale: must be greater than zero"),
     ("mlp_act", "relu", "unknown value 'relu'"), ("qk_norm_over", "everything", "unknown value 'everything'"),
-    ("rope", "yes", "must be true or false"),
+    ("rope", "yes", "must be true or false"), ("rope_linear_factor", 0.0, "rope_linear_factor: must be greater than zero"),
 ])
 def test_a_bad_new_knob_is_refused_by_key_path(field, value, needle):
     from blockforge.errors import SpecError

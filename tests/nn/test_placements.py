@@ -118,7 +118,7 @@ def test_block_matches_formula(name):
 def _rope_tables(length):
     from blockforge.nn.attention import rope_tables
 
-    return rope_tables({(WIDTH // HEADS, 10000.0)}, length, torch.device("cpu"))
+    return rope_tables({(WIDTH // HEADS, 10000.0, 1.0)}, length, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name", sorted(BY_HAND))
@@ -127,7 +127,7 @@ def test_block_gradcheck_float64(name):
     block = model.layers[INDEX]
     from blockforge.nn.attention import rope_tables
 
-    rope = rope_tables({(WIDTH // HEADS, 10000.0)}, 3, torch.device("cpu"))
+    rope = rope_tables({(WIDTH // HEADS, 10000.0, 1.0)}, 3, torch.device("cpu"))
     x = torch.randn(1, 3, WIDTH, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: block(t, rope=rope), (x,), eps=1e-6, atol=1e-5)
 
@@ -168,7 +168,7 @@ def test_both_rope_paths_follow_the_formula(rotate):
     torch.manual_seed(0)
     B, T, nh, hs = 2, 7, 3, 8
     x = torch.randn(B, T, nh, hs)
-    table = attention.rope_tables({(hs, 10000.0)}, T, torch.device("cpu"))[(hs, 10000.0)].view(T, 1, hs // 2, 2)
+    table = attention.rope_tables({(hs, 10000.0, 1.0)}, T, torch.device("cpu"))[(hs, 10000.0, 1.0)].view(T, 1, hs // 2, 2)
     got = getattr(attention, rotate)(x.reshape(B, T, nh, hs // 2, 2), table).flatten(-2)
     expected = _rope(x.transpose(1, 2), T).transpose(1, 2)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

@@ -79,6 +79,8 @@ CASES += [
     ("negative window", LAYERS + "{overrides: [{at: 2, window: -4}]}\n", "model.layers.overrides[0].window"),
     ("window as text", LAYERS + "{default: {window: wide}}\n", "model.layers.default.window"),
     ("window on a vit", GOOD_VIT + "  layers: {default: {window: 4}}\ndata: {source: digits}\n", "model.layers.default.window"),
+    ("linear rope scaling on a vit", GOOD_VIT + "  layers: {overrides: [{at: 0, rope_linear_factor: 8.0}]}\ndata: {source: digits}\n",
+     "model.layers.overrides[0].rope_linear_factor"),
     ("unknown norm type", LAYERS + "{default: {norm: batchnorm}}\n", "model.layers.default.norm"),
     ("unknown model norm", GOOD_MODEL + "  norm: groupnorm\n", "model.norm"),
     ("qk_norm not a boolean", LAYERS + "{default: {qk_norm: 3}}\n", "model.layers.default.qk_norm"),

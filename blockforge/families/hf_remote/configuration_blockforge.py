@@ -19,7 +19,7 @@ LAYER_KEYS = {"placement", "norm", "heads", "kv_heads", "head_dim", "ffn", "wind
               "attn", "mlp"}
 # Keys exports before them lack: the scores' scale when not 1/sqrt(head_dim) (muP, a query scale), a RoPE base of the
 # layer's own (null: the model's), RoPE on or off, q/k norms per head or over the whole projection, the MLP's activation.
-OPTIONAL_LAYER_KEYS = {"attention_scale", "rope_theta", "rope", "qk_norm_over", "mlp_act", "attn_logit_softcap"}
+OPTIONAL_LAYER_KEYS = {"attention_scale", "rope_theta", "rope", "qk_norm_over", "mlp_act", "attn_logit_softcap", "rope_linear_factor"}
 ROPE_SCALING_KEYS = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_context"}
 REQUIRED = ("vocab_size", "hidden_size", "max_position_embeddings", "norm", "norm_eps", "final_norm", "rope_theta", "tie_word_embeddings")
 

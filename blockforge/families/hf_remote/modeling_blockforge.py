@@ -27,7 +27,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_blockforge import BlockforgeLlamaConfig
 
-Rope = dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]]  # (head size, theta) -> (cos, sin), each (B, 1, T, head size / 2)
+Rope = dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]]  # (head size, theta, linear factor) -> (cos, sin), each (B, 1, T, hs / 2)
 Masks = dict[int | None, torch.Tensor | None]  # sliding window (None: global) -> the keys each new position sees
 
 
@@ -81,12 +81,13 @@ def rope_frequencies(size: int, theta: float, scaling: dict | None, device: torc
     return freq / scaling["factor"] * (1.0 - keep) + freq * keep
 
 
-def rope_tables(keys: set[tuple[int, float]], positions: torch.Tensor, scaling: dict | None) -> Rope:
-    """For each (head size, theta): cos and sin of p * w_j for every position p of `positions` (B, T), in float32."""
+def rope_tables(keys: set[tuple[int, float, float]], positions: torch.Tensor, scaling: dict | None) -> Rope:
+    """For each (head size, theta, linear factor): cos and sin of p * w_j / factor for every position p of `positions`
+    (B, T), in float32."""
     tables = {}
-    for size, theta in keys:
-        angles = positions.float()[..., None] * rope_frequencies(size, theta, scaling, positions.device)  # (B, T, size/2)
-        tables[(size, theta)] = (angles.cos()[:, None], angles.sin()[:, None])
+    for size, theta, factor in keys:
+        angles = positions.float()[..., None] * (rope_frequencies(size, theta, scaling, positions.device) / factor)  # (B, T, size/2)
+        tables[(size, theta, factor)] = (angles.cos()[:, None], angles.sin()[:, None])
     return tables
 
 
@@ -141,7 +142,8 @@ class Attention(nn.Module):
         self.window = layer["window"]  # a causal sliding window of this many positions; None: global
         self.scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
         theta = layer.get("rope_theta") or rope_theta
-        self.rope_key = (self.head_size, theta) if layer.get("rope", True) else None  # None: no RoPE here (NoPE)
+        # (head size, theta, linear factor: positions divided by it); None: no RoPE here (NoPE)
+        self.rope_key = (self.head_size, theta, layer.get("rope_linear_factor") or 1.0) if layer.get("rope", True) else None
         self.qk_norm_over = layer.get("qk_norm_over", "head")  # per head, or over the whole projection (OLMo 2)
         self.attn_logit_softcap = layer.get("attn_logit_softcap")  # scores c * tanh(scores / c) (Gemma 2)
         self.layer_index = layer_index  # its place in the cache
