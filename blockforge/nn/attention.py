@@ -63,42 +63,43 @@ def rotate_pairs_real(pairs: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
-def causal_mask(queries: int, keys: int, past: int, window: int | None, device) -> torch.Tensor:
-    """(queries, keys) booleans: query i (absolute position past + i) sees key j when j <= past + i, and with a
-    sliding window only the last `window` positions (itself included)."""
+def causal_mask(queries: int, keys: int, past: int, window: int | None, device, first: int = 0) -> torch.Tensor:
+    """(queries, keys) booleans: query i (absolute position past + i) sees key j (absolute position first + j) when
+    that is not after it, and with a sliding window only the last `window` positions (itself included). `first` is
+    nonzero when a windowed cache dropped the keys no later query can see."""
     i = torch.arange(queries, device=device)[:, None] + past
-    j = torch.arange(keys, device=device)[None, :]
+    j = torch.arange(keys, device=device)[None, :] + first
     allowed = j <= i
     return allowed & (j > i - window) if window is not None else allowed
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
-          scale: float | None = None) -> torch.Tensor:
+          scale: float | None = None, first: int = 0) -> torch.Tensor:
     options = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v not repeated for grouped-query attention
     if scale is not None:  # None: SDPA's own 1/sqrt(head_dim)
         options["scale"] = scale
     if not causal or (window is None and past == 0):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **options)
-    if window is None and q.shape[2] == 1:  # one new position sees every cached one
+    if q.shape[2] == 1 and (window is None or k.shape[2] <= window):  # one new position sees every cached one
         return F.scaled_dot_product_attention(q, k, v, **options)
-    mask = causal_mask(q.shape[2], k.shape[2], past, window, q.device)
+    mask = causal_mask(q.shape[2], k.shape[2], past, window, q.device, first)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None, past: int = 0,
-           scale: float | None = None) -> torch.Tensor:
+           scale: float | None = None, first: int = 0) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = q @ k.transpose(-2, -1)  # (B, nh, T, S)
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device, first), float("-inf"))
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
 
 
 def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, past: int, scale: float | None,
-                cap: float) -> torch.Tensor:
+                cap: float, first: int = 0) -> torch.Tensor:
     """Attention with scores c * tanh(scores / c) before the mask and softmax (Gemma 2): no fused kernel does that."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -106,7 +107,7 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     scores = torch.tanh(scores / cap) * cap
     if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], past, window, q.device, first), float("-inf"))
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype) @ v
 
 
@@ -221,32 +222,45 @@ class Attention(nn.Module):
             if table is not None:
                 q, k = apply_rope(q, table), apply_rope(k, table)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
-        past = 0
+        past = first = 0  # the absolute positions of the first query and of the first key
         if cache is not None:
-            past = cache.keys.shape[2] if cache.keys is not None else 0
-            k, v = cache.extend(k, v)
+            past = cache.seen
+            k, v, first = cache.extend(k, v, keep=self.window - 1 if self.window is not None else None)
         if self.attn_logit_softcap is not None:
-            y = _softcapped(q, k, v, self.causal, self.window, past, self.scale, self.attn_logit_softcap)
+            y = _softcapped(q, k, v, self.causal, self.window, past, self.scale, self.attn_logit_softcap, first)
         elif past:
-            y = _sdpa(q, k, v, self.causal, self.window, past, scale=self.scale)  # cached steps always take SDPA
+            y = _sdpa(q, k, v, self.causal, self.window, past, scale=self.scale, first=first)  # cached steps always take SDPA
         else:
             y = self.kernel(q, k, v, self.causal, self.window, scale=self.scale)  # (B, heads, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hd))
 
 
 class LayerCache:
-    """One layer's keys and values of the positions seen so far, (B, kv_heads, positions, hs) each."""
+    """One layer's keys and values, (B, kv_heads, positions, hs) each: of every position seen so far, or, for a layer
+    with a sliding window of w, of the last w - 1 only (all that the next position can see besides itself), so a
+    windowed layer holds what search/costs.py counts as its KV cache."""
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.seen = 0  # positions seen so far (held or dropped)
 
-    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new positions; the keys and values of every position so far."""
-        if self.keys is not None:
+    def extend(self, keys: torch.Tensor, values: torch.Tensor, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Append the new positions; the keys and values the new positions attend over (those held before, then
+        theirs) and the absolute position of the first of them. Afterwards only the last `keep` are held (None: all)."""
+        held = 0 if self.keys is None else self.keys.shape[2]
+        first = self.seen - held
+        self.seen += keys.shape[2]
+        if held:
             keys, values = torch.cat((self.keys, keys), dim=2), torch.cat((self.values, values), dim=2)
-        self.keys, self.values = keys, values
-        return keys, values
+        drop = keys.shape[2] - keep if keep is not None and keys.shape[2] > keep else 0
+        # a copy when dropping, so the storage of the dropped positions is freed, not kept alive by a view
+        self.keys, self.values = (keys[:, :, drop:].clone(), values[:, :, drop:].clone()) if drop else (keys, values)
+        return keys, values, first
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
 class KVCache:
@@ -255,3 +269,8 @@ class KVCache:
     def __init__(self, depth: int):
         self.layers = [LayerCache() for _ in range(depth)]
         self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of keys and values held now, over every layer."""
+        return sum(layer.nbytes for layer in self.layers)

@@ -47,23 +47,27 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 def generate(
     model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, seed: int | None = None, eos_id: int | None = None, use_cache: bool = True,
-    on_token: Callable[[torch.Tensor], None] | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None, cache: KVCache | None = None,
 ) -> torch.Tensor:
     """`tokens` (B, T) followed by up to `max_new_tokens` sampled ids (B, T + n); stops early when every row
-    produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming)."""
+    produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming). `cache`: an empty
+    KVCache to fill (to look at afterwards); by default a new one."""
     if tokens.dim() == 1:
         tokens = tokens[None]
     check_sampling(temperature, top_k, top_p)
     context = model.spec.context
-    if tokens.shape[1] + max_new_tokens > context:
+    if tokens.shape[1] + max_new_tokens - 1 > context:  # the last new token is chosen, never run through the model
         raise BlockforgeError(
             f"a prompt of {tokens.shape[1]} tokens plus {max_new_tokens} new ones passes the model's context of {context}; "
-            f"ask for at most {max(0, context - tokens.shape[1])} new tokens or shorten the prompt"
+            f"ask for at most {max(0, context + 1 - tokens.shape[1])} new tokens or shorten the prompt"
         )
     generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
     was_training = model.training
     model.eval()
-    cache = KVCache(len(model.layers)) if use_cache else None
+    if use_cache and cache is None:
+        cache = KVCache(len(model.layers))
+    elif not use_cache:
+        cache = None
     out, finished = tokens, torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     step_input = tokens
     try:

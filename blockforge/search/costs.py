@@ -6,7 +6,10 @@ Computed (from the model built on the meta device; blockforge.nn.flops counts th
   train_flops_per_token      training FLOPs (forward and backward) per token at the context length
   inference_flops_per_token  forward FLOPs of one generated token at the context length, a KV cache holding
                              the earlier ones: 2 * (blocks' and head's weights) + 4 * sum_l heads_l * head_dim_l * min(window_l, T)
-  kv_cache_bytes             the KV cache of one sequence at the context length, bf16: sum_l 2 * kv_heads_l * head_dim_l * min(window_l, T) * 2
+  kv_cache_bytes             the KV cache of one sequence that has reached the context length, bf16:
+                             sum_l 2 * kv_heads_l * head_dim_l * held_l * 2, held_l = T, or min(window_l - 1, T) for a layer
+                             with a sliding window (the next position sees those and itself): what blockforge's generate
+                             and transformers' caches hold
   peak_train_memory_bytes    the training memory plan of one process (blockforge.train.memory, on the meta device)
 Measured (on the trial's device, at the recipe's micro batch; higher is better):
   train_tokens_per_s, generate_tokens_per_s
@@ -35,8 +38,9 @@ def computed_costs(recipe, names: tuple[str, ...] = COMPUTED) -> dict[str, float
     out: dict[str, float] = {"parameters": costs.parameters, "non_embedding_parameters": costs.non_embedding,
                              "train_flops_per_token": costs.train_flops_per_token}
     length = costs.sequence
-    seen = [min(layer.window or length, length) for layer in spec.layers]
-    out["kv_cache_bytes"] = sum(2 * layer.kv_heads * layer.head_dim * n * KV_BYTES for layer, n in zip(spec.layers, seen))
+    seen = [min(layer.window or length, length) for layer in spec.layers]  # the keys a new position attends over
+    held = [length if layer.window is None else min(layer.window - 1, length) for layer in spec.layers]  # kept between positions
+    out["kv_cache_bytes"] = sum(2 * layer.kv_heads * layer.head_dim * n * KV_BYTES for layer, n in zip(spec.layers, held))
     linear = sum(m.weight.numel() for block in model.layers for m in block.modules() if type(m).__name__ == "Linear")
     head = model.head.in_features * model.head.out_features
     out["inference_flops_per_token"] = 2 * (linear + head) + sum(4 * layer.heads * layer.head_dim * n for layer, n in zip(spec.layers, seen))

@@ -78,4 +78,42 @@ def test_eos_stops_generation_and_the_context_is_respected():
     first = generate(model, prompt, 1, temperature=0)[0, -1].item()
     assert generate(model, prompt, 10, temperature=0, eos_id=first).shape == (1, 6)
     with pytest.raises(BlockforgeError, match="context of 40"):
-        generate(model, prompt, 36)
+        generate(model, prompt, 37)  # 5 + 37 tokens, of which the model runs all but the last: 41 positions
+
+
+def test_a_windowed_layer_holds_only_its_window_and_computes_what_the_full_sequence_does():
+    """Past the window, a windowed layer keeps its last w - 1 keys; chunks longer than the window, single steps and
+    chunks after the drop still give what the whole sequence gives."""
+    from blockforge.spec.model import LayerOverride
+
+    layers = LayerRules(default=LayerSettings(placement="pre", kv_heads=2), overrides=[LayerOverride(at=[0, 2], window=4)])
+    model = blockforge.build_model(tiny_llama(depth=3, heads=4, vocab=50, context=40, layers=layers), seed=0).eval().double()
+    tokens = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(len(model.layers))
+    with torch.no_grad():
+        pieces = [model(tokens[:, :7], cache=cache)]  # longer than the window
+        pieces += [model(tokens[:, t : t + 1], cache=cache) for t in range(7, 12)]
+        pieces.append(model(tokens[:, 12:17], cache=cache))  # a chunk after keys were dropped
+        pieces += [model(tokens[:, t : t + 1], cache=cache) for t in range(17, 20)]
+        full = model(tokens)
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    assert [layer.keys.shape[2] for layer in cache.layers] == [3, 20, 3]
+    assert [layer.seen for layer in cache.layers] == [20, 20, 20]
+
+
+def test_the_cache_generate_holds_is_the_kv_cache_bytes_a_search_counts():
+    from blockforge.search.costs import computed_costs
+    from blockforge.spec.model import LayerOverride
+    from blockforge.spec.recipe import Recipe
+
+    layers = LayerRules(default=LayerSettings(placement="pre", kv_heads=1), mix_ln=MixLN(alpha=0.34),
+                        overrides=[LayerOverride(at=[0, 1], window=8)])
+    spec = tiny_llama(depth=3, heads=4, vocab=50, context=32, layers=layers)
+    model = blockforge.build_model(spec, seed=0).eval().to(torch.bfloat16)  # the search counts bf16 keys and values
+    counted = computed_costs(Recipe(model=spec), ("kv_cache_bytes",))["kv_cache_bytes"]
+    cache = KVCache(len(model.layers))
+    prompt = torch.randint(0, 50, (1, 20), generator=torch.Generator().manual_seed(2))
+    out = generate(model, prompt, 13, temperature=0, cache=cache)  # 20 + 12 positions run through the model: the context
+    assert out.shape == (1, 33) and cache.layers[2].seen == 32
+    head_dim = spec.width // 4
+    assert cache.nbytes == counted == 2 * 1 * head_dim * (7 + 7 + 32) * 2  # keys and values, one kv head, bf16

@@ -32,7 +32,8 @@ def test_llama_costs_match_a_hand_computation_with_gqa_windows_and_a_ramp():
     kv = [1, 2, 4]
     ffn = [96, 96, 128]
     blocks = sum((4 + 2 * k) * 16 * 64 + 64 * 64 + 3 * f * 64 for k, f in zip(kv, ffn))  # q/k/v, output, gate/up and down
-    assert costs["kv_cache_bytes"] == 2 * 16 * 2 * (1 * 8 + 2 * 32 + 4 * 32)  # a window of 8 caches 8 positions
+    # a window of 8 holds the 7 positions before the next one (which sees those and itself)
+    assert costs["kv_cache_bytes"] == 2 * 16 * 2 * (1 * 7 + 2 * 32 + 4 * 32)
     assert costs["inference_flops_per_token"] == 2 * (blocks + 64 * 100) + 4 * 4 * 16 * (8 + 32 + 32)
     assert costs["train_flops_per_token"] == 3 * (2 * blocks + 4 * 32 * 4 * 16 * 3 + 2 * 64 * 100)
     norms = 3 * 2 * 64 + 64

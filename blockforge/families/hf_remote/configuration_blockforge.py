@@ -6,6 +6,11 @@ and for each of its two sub-layers (attention, MLP) which norm slots are filled,
 input scales, whether it has a layer scale and its constant branch multiplier; under muP the scores'
 scale of each layer and the readout multiplier of the logits. The model fields have
 no defaults, so config.json spells every one of them out; `rope_frequency_scaling` is null for plain RoPE.
+
+From `layers` the configuration also derives what transformers' own machinery reads (never set by hand):
+`layer_types` and `sliding_window`, which decide the cache layers (a sliding layer's cache holds only its
+window) and masks, and `num_attention_heads`, `num_key_value_heads` and `head_dim`, with layers that differ
+from the first one given in `per_layer_config`, so a static cache is shaped per layer.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ LAYER_KEYS = {"placement", "norm", "heads", "kv_heads", "head_dim", "ffn", "wind
 OPTIONAL_LAYER_KEYS = {"attention_scale", "rope_theta", "rope", "qk_norm_over", "mlp_act", "attn_logit_softcap", "rope_linear_factor"}
 ROPE_SCALING_KEYS = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_context"}
 REQUIRED = ("vocab_size", "hidden_size", "max_position_embeddings", "norm", "norm_eps", "final_norm", "rope_theta", "tie_word_embeddings")
+# transformers' names for what each layer holds (derived from `layers`)
+DERIVED = {"sliding_window": "window", "num_attention_heads": "heads", "num_key_value_heads": "kv_heads", "head_dim": "head_dim"}
 
 
 class BlockforgeLlamaConfig(PreTrainedConfig):
@@ -47,19 +54,45 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
     num_hidden_layers: int | None = None
     use_cache: bool = True
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     blockforge_arch_hash: str | None = None
     blockforge_spec: dict | None = None  # the resolved spec, as spec.yaml holds it: blockforge.load reads the folder by it
+    # derived from `layers` in __post_init__, for transformers' caches and masks
+    layer_types: list | None = None
+    sliding_window: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
 
     def __post_init__(self, **kwargs):
         self.layers = [dict(layer) for layer in self.layers or []]
         if self.num_hidden_layers is not None and self.num_hidden_layers != len(self.layers):
             raise ValueError(f"num_hidden_layers is {self.num_hidden_layers} but {len(self.layers)} layers are listed")
         self.num_hidden_layers = len(self.layers)
+        kwargs.pop("per_layer_config", None)  # derived below, never taken from a file
         if self.layers:  # an empty configuration (the defaults transformers compares against) describes no model
             self._check()
+            kwargs["per_layer_config"] = self._derive()
         super().__post_init__(**kwargs)
+
+    def _derive(self) -> dict | None:
+        """Set transformers' per-layer attributes from `layers`; the layers that differ from the first, by index."""
+        windows = [layer["window"] for layer in self.layers]
+        self.layer_types = ["sliding_attention" if window is not None else "full_attention" for window in windows]
+        first_window = next((window for window in windows if window is not None), None)
+        reference = {**{name: self.layers[0][key] for name, key in DERIVED.items()}, "sliding_window": first_window}
+        for name, value in reference.items():
+            setattr(self, name, value)
+        differing = {}
+        for index, layer in enumerate(self.layers):
+            values = {name: layer[key] for name, key in DERIVED.items()}
+            if values["sliding_window"] is None:
+                values["sliding_window"] = first_window  # a global layer: its window is never read
+            changed = {name: value for name, value in values.items() if value != reference[name]}
+            if changed:
+                differing[index] = changed
+        return differing or None
 
     def _check(self) -> None:
         missing = [key for key in REQUIRED if getattr(self, key) is None]

@@ -10,9 +10,19 @@ Post-LN, DeepNorm, Sandwich, Mix-LN, HybridNorm and CompleteP stacks. Each layer
 (RMSNorm, LayerNorm or DyT), heads, key/value heads (grouped-query attention), head size, sliding
 window, per-head q/k/v norms (applied before RoPE), biases and ffn width. Parameter names are
 blockforge's own (embed, layers.N.attn.in_norm, layers.N.attn.branch.qkv, layers.N.attn.layer_scale,
-..., final_norm, head), so the weights load without renaming. RoPE rotates adjacent pairs (2j, 2j+1)
-of each head, as blockforge does, optionally with Llama-3's frequency scaling. This file imports only
-torch and transformers.
+..., final_norm, head), so the weights load without renaming and an adapter trained on blockforge's
+model applies here. RoPE rotates adjacent pairs (2j, 2j+1) of each head, as blockforge does, optionally
+with Llama-3's frequency scaling. This file imports only torch and transformers.
+
+Attention goes through transformers' attention interface (`attn_implementation` "eager", "sdpa", and
+"flash_attention_2" or "flex_attention" where installed), with transformers' masks and caches: the
+configuration names each layer's type and window, so a DynamicCache keeps only the window of a
+sliding layer and a StaticCache (`cache_implementation="static"`) is shaped per layer. Soft-capped
+scores and `output_attentions=True` are computed by the eager function (SDPA returns no weights and
+does not cap).
+
+peft has no default target modules for a model type of its own; target the fused projections by
+name: `LoraConfig(target_modules=["qkv", "proj", "gate_up", "down"])`.
 """
 
 from __future__ import annotations
@@ -22,13 +32,15 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_blockforge import BlockforgeLlamaConfig
 
 Rope = dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]]  # (head size, theta, linear factor) -> (cos, sin), each (B, 1, T, hs / 2)
-Masks = dict[int | None, torch.Tensor | None]  # sliding window (None: global) -> the keys each new position sees
+Masks = dict[int | None, object]  # sliding window (None: global) -> the mask transformers built for it (a tensor, a BlockMask or None)
 
 
 class RMSNorm(nn.Module):
@@ -99,54 +111,56 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def default_positions(padding: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor:
-    """Positions of the new tokens (B or 1, length): counted over real tokens only when `padding` marks some."""
-    if padding is None:
+    """Positions of the new tokens (B or 1, length): counted over real tokens only when a 2-D `padding` marks some."""
+    if padding is None or padding.dim() != 2:
         return torch.arange(past, past + length, device=device)[None]
     return (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
 
 
-def visible_keys(padding: torch.Tensor | None, past: int, length: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Which keys each new position sees (B or 1, 1, length, past + length); None for plain causal attention.
-
-    `padding` (B, past + length) marks real tokens with 1. A key is seen when it is not after the query
-    and, with a sliding `window`, among the last `window` real tokens up to the query (itself included),
-    so a padded row sees what its unpadded self sees. A padded position still sees itself, so no row of
-    the softmax is empty; its output is never used.
-    """
-    if padding is not None and bool(padding.all()):
-        padding = None
-    if padding is None and past == 0 and window is None:
-        return None
-    if padding is not None and padding.shape[-1] != past + length:
-        raise ValueError(f"attention_mask covers {padding.shape[-1]} positions, but the cache and the input hold {past + length}")
-    keys = torch.arange(past + length, device=device)
-    queries = past + torch.arange(length, device=device)[:, None]
-    allowed = (keys <= queries)[None]  # (1, length, past + length)
-    if padding is None:
-        if window is not None:
-            allowed = allowed & (keys > queries - window)
-        return allowed[:, None]
-    real = padding.bool()
-    if window is not None:
-        count = padding.long().cumsum(-1)  # (B, past + length): real tokens up to and including each key
-        allowed = allowed & (count[:, -length:, None] - count[:, None, :] < window)
-    return ((allowed & real[:, None, :]) | (keys == queries))[:, None]
+def eager_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling: float,
+                    dropout: float = 0.0, softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention written out: (B, T, heads, hs) and the weights (B, heads, T, S). Takes the masks transformers builds for
+    eager (additive) and for sdpa (boolean, or None where SDPA's own causal flag stands in: one query sees every key,
+    several see the keys up to their own index), and soft-caps scores c * tanh(s / c) when `softcap` is set."""
+    groups = module.num_key_value_groups
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = (query @ key.transpose(-2, -1)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        if query.shape[2] > 1:
+            allowed = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+            scores = scores.masked_fill(~allowed, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
 
 
 class Attention(nn.Module):
     """Rows of qkv: heads * head_dim query rows, then kv_heads * head_dim key rows, then as many value rows."""
 
-    def __init__(self, width: int, layer: dict, eps: float, layer_index: int, rope_theta: float, offset: float = 0.0):
+    is_causal = True
+
+    def __init__(self, config: BlockforgeLlamaConfig, layer: dict, layer_index: int):
         super().__init__()
+        width, eps, offset = config.hidden_size, config.norm_eps, config.norm_weight_offset
+        self.config = config  # the attention interface reads its implementation from here
         self.heads, self.kv_heads, self.head_size = layer["heads"], layer["kv_heads"], layer["head_dim"]
-        self.window = layer["window"]  # a causal sliding window of this many positions; None: global
-        self.scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
-        theta = layer.get("rope_theta") or rope_theta
+        self.num_key_value_groups = self.heads // self.kv_heads
+        self.sliding_window = layer["window"]  # a causal sliding window of this many positions; None: global
+        scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
+        self.scaling = scale if scale is not None else self.head_size ** -0.5
+        theta = layer.get("rope_theta") or config.rope_theta
         # (head size, theta, linear factor: positions divided by it); None: no RoPE here (NoPE)
         self.rope_key = (self.head_size, theta, layer.get("rope_linear_factor") or 1.0) if layer.get("rope", True) else None
         self.qk_norm_over = layer.get("qk_norm_over", "head")  # per head, or over the whole projection (OLMo 2)
-        self.attn_logit_softcap = layer.get("attn_logit_softcap")  # scores c * tanh(scores / c) (Gemma 2)
-        self.layer_index = layer_index  # its place in the cache
+        self.softcap = layer.get("attn_logit_softcap")  # scores c * tanh(scores / c) (Gemma 2)
+        self.layer_idx = layer_index  # its place in the cache
         self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
 
@@ -158,7 +172,7 @@ class Attention(nn.Module):
         self.k_norm = head_norm(layer["qk_norm"], self.kv_heads * self.head_size if whole else self.head_size)
         self.v_norm = head_norm(layer["v_norm"], self.head_size)
 
-    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache, output_attentions: bool = False, **kwargs):
         B, T, _ = x.shape
         hs = self.head_size
         q, k, v = self.qkv(x).split([self.heads * hs, self.kv_heads * hs, self.kv_heads * hs], dim=-1)
@@ -174,23 +188,16 @@ class Attention(nn.Module):
             cos, sin = rope[self.rope_key]
             q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_index)  # (B, kv_heads, past + T, hs): every key kept, the mask picks
-        mask = masks[self.window]
-        scale = {"scale": self.scale} if self.scale is not None else {}
-        if self.attn_logit_softcap is not None:  # no fused kernel caps scores: written out
-            groups = self.heads // self.kv_heads
-            keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            scores = q @ keys.transpose(-2, -1) * (self.scale if self.scale is not None else hs ** -0.5)
-            scores = torch.tanh(scores / self.attn_logit_softcap) * self.attn_logit_softcap
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            elif T > 1:
-                scores = scores.masked_fill(~torch.ones(T, keys.shape[2], dtype=torch.bool, device=q.device).tril(keys.shape[2] - T), float("-inf"))
-            y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                               enable_gqa=self.kv_heads != self.heads, **scale)
-        return self.proj(y.transpose(1, 2).reshape(B, T, self.heads * hs))
+            k, v = cache.update(k, v, self.layer_idx)  # a sliding layer's cache returns its window and this input
+        implementation = self.config._attn_implementation or "eager"
+        eager = implementation == "eager" or output_attentions or (self.softcap is not None and implementation == "sdpa")
+        if eager and implementation not in ("eager", "sdpa"):
+            raise ValueError(f"output_attentions needs attn_implementation 'eager' or 'sdpa', not '{implementation}'")
+        attend = eager_attention if eager else ALL_ATTENTION_FUNCTIONS[implementation]
+        extra = {"softcap": self.softcap} if self.softcap is not None else {}
+        y, weights = attend(self, q, k, v, masks[self.sliding_window], dropout=0.0, scaling=self.scaling,
+                            sliding_window=self.sliding_window, **extra, **kwargs)
+        return self.proj(y.reshape(B, T, self.heads * hs)), weights
 
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -226,18 +233,21 @@ class Residual(nn.Module):
         self.layer_scale = nn.Parameter(torch.ones(config.hidden_size)) if sublayer["layer_scale"] else None  # g
         self.branch_multiplier = float(sublayer["branch_multiplier"])  # m
 
-    def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **branch_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sub-layer's output, and the branch's attention weights (None for the MLP, or when not asked for)."""
         h = self.in_norm(x)
         if self.input_scale != 1.0:
             h = h * self.input_scale
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
-        out = self.branch_norm(self.branch(h, **branch_kwargs))
+        out = self.branch(h, **branch_kwargs)
+        out, weights = out if isinstance(out, tuple) else (out, None)
+        out = self.branch_norm(out)
         if self.layer_scale is not None:
             out = out * self.layer_scale
         if self.branch_multiplier != 1.0:
             out = out * self.branch_multiplier
-        return self.out_norm(x + out)
+        return self.out_norm(x + out), weights
 
     def extra_repr(self) -> str:
         return f"residual_scale={self.residual_scale:.4g}, input_scale={self.input_scale:.4g}, branch_multiplier={self.branch_multiplier:.4g}"
@@ -249,14 +259,14 @@ class Block(GradientCheckpointingLayer):
     def __init__(self, config: BlockforgeLlamaConfig, index: int):
         super().__init__()
         layer = config.layers[index]
-        attention = Attention(config.hidden_size, layer, config.norm_eps, index, config.rope_theta, config.norm_weight_offset)
-        self.attn = Residual(attention, layer["attn"], layer["norm"], config)
+        self.attn = Residual(Attention(config, layer, index), layer["attn"], layer["norm"], config)
         mlp = SwiGLU(config.hidden_size, layer["ffn"], layer["mlp_bias"], layer.get("mlp_act") or "silu")
         self.mlp = Residual(mlp, layer["mlp"], layer["norm"], config)
 
-    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache) -> torch.Tensor:
-        x = self.attn(x, rope=rope, masks=masks, cache=cache)
-        return self.mlp(x)
+    def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache=None, output_attentions: bool = False,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, weights = self.attn(x, rope=rope, masks=masks, cache=cache, output_attentions=output_attentions, **kwargs)
+        return self.mlp(x)[0], weights
 
 
 class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
@@ -265,6 +275,10 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
     _tied_weights_keys = {"head.weight": "embed.weight"}  # applies when config.tie_word_embeddings
 
     def __init__(self, config: BlockforgeLlamaConfig):
@@ -274,7 +288,10 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         self.final_norm = NORMS[config.norm](config.hidden_size, config.norm_eps, config.norm_weight_offset) if config.final_norm else nn.Identity()
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_keys = {block.attn.branch.rope_key for block in self.layers} - {None}
-        self.windows = {layer["window"] for layer in config.layers}
+        # one layer of each window (None: global): the cache layer transformers sizes that window's mask by
+        self.window_layers = {}
+        for index, layer in enumerate(config.layers):
+            self.window_layers.setdefault(layer["window"], index)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -288,6 +305,23 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.head = value
+
+    def _masks(self, x: torch.Tensor, attention_mask, cache, position_ids: torch.Tensor) -> Masks:
+        """Each window's mask, built by transformers for the configured attention implementation (or given: a dict
+        that `create_masks_for_generate` built, as generation with a static cache does)."""
+        if isinstance(attention_mask, dict):
+            return attention_mask
+        masks = {}
+        for window, index in self.window_layers.items():
+            layer_config = self.config.per_layer_config[index] if self.config.is_heterogeneous else self.config
+            build = create_causal_mask if window is None else create_sliding_window_causal_mask
+            masks[window] = build(config=layer_config, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
+                                  position_ids=position_ids, layer_idx=index)
+        return masks
+
+    def create_masks_for_generate(self, config, inputs_embeds: torch.Tensor, attention_mask, cache, position_ids, **kwargs) -> Masks:
+        """The masks `generate` builds once per step for a static cache: one per window, as forward builds them."""
+        return self._masks(inputs_embeds, attention_mask, cache, position_ids)
 
     def forward(
         self,
@@ -307,12 +341,15 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, vocab) of the next token at every position (the last `logits_to_keep` if set).
 
-        `cache` (a transformers Cache, e.g. DynamicCache; `past_key_values` is its former name) holds the
-        keys and values of earlier positions. `hidden_states`, when asked for, are the input of every block
-        and the output of the last one (before the final norm).
+        `cache` (a transformers Cache, e.g. DynamicCache or StaticCache; `past_key_values` is its former name)
+        holds the keys and values of earlier positions. `hidden_states`, when asked for, are the embeddings, the
+        output of every block but the last, and the last one after the final norm (transformers' convention);
+        `attentions` each layer's attention weights.
         """
         cache = self._one_cache(cache, past_key_values)
-        self._refuse_unsupported(input_ids, inputs_embeds, output_attentions, kwargs)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        num_items = kwargs.pop("num_items_in_batch", None)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.config.embed_scale != 1.0:  # Gemma's sqrt(width), Granite's embedding multiplier (inputs_embeds too: as the lookup)
             x = x * self.config.embed_scale
@@ -321,29 +358,38 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         if self.training and self.is_gradient_checkpointing:
             use_cache = False  # the recomputed blocks would extend a cache twice; training needs none
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = DynamicCache(config=self.config)  # sliding layers hold only their window
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
-            position_ids = default_positions(attention_mask, past, length, x.device)
+            position_ids = default_positions(attention_mask if isinstance(attention_mask, torch.Tensor) else None, past, length, x.device)
         rope = rope_tables(self.rope_keys, position_ids, self.config.rope_frequency_scaling)
-        masks = {window: visible_keys(attention_mask, past, length, window, x.device) for window in self.windows}
-        states = [x] if output_hidden_states else None
+        masks = self._masks(x, attention_mask, cache, position_ids)
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
+        states, attentions = [x] if output_hidden_states else None, [] if output_attentions else None
         for block in self.layers:
-            x = block(x, rope, masks, cache=cache)  # by keyword: checkpointing drops the cache while training
+            # by keyword: checkpointing drops the cache while training
+            x, weights = block(x, rope, masks, cache=cache, output_attentions=output_attentions, **kwargs)
             if states is not None:
                 states.append(x)
+            if attentions is not None:
+                attentions.append(weights)
+        normed = self.final_norm(x)
+        if states is not None:
+            states[-1] = normed
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.head(self.final_norm(x[:, keep]))
+        logits = self.head(normed[:, keep])
         if self.config.readout_multiplier != 1.0:  # muP's 1/m, times a logit multiplier (Granite)
             logits = logits * self.config.readout_multiplier
         if self.config.logit_softcap is not None:  # Gemma 2
             logits = torch.tanh(logits / self.config.logit_softcap) * self.config.logit_softcap
         loss = None
         if labels is not None:
-            extra = {"num_items_in_batch": kwargs["num_items_in_batch"]} if "num_items_in_batch" in kwargs else {}
+            extra = {"num_items_in_batch": num_items} if num_items is not None else {}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **extra)
         output = CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=cache, hidden_states=tuple(states) if states is not None else None
+            loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=tuple(states) if states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -352,16 +398,6 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         if past_key_values is not None and cache is not None:
             raise ValueError("give the cache as `cache` or as `past_key_values` (its former name), not both")
         return cache if cache is not None else past_key_values
-
-    @staticmethod
-    def _refuse_unsupported(input_ids, inputs_embeds, output_attentions, kwargs: dict) -> None:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids and inputs_embeds")
-        if output_attentions:
-            raise ValueError("this model does not return attention weights (output_attentions=True)")
-        unknown = sorted(key for key, value in kwargs.items() if value is not None and key != "num_items_in_batch")
-        if unknown:
-            raise TypeError(f"forward() got arguments it does not use: {', '.join(unknown)}")
 
 
 __all__ = ["BlockforgeForCausalLM"]
