@@ -2,8 +2,9 @@
 
 from blockforge import families  # noqa: F401  (registers the llama and vit families)
 from blockforge.errors import BlockforgeError, DataError, SpecError
-from blockforge.export import load
-from blockforge.families.llama_hf import from_hf, from_hf_llama, to_hf_llama
+from blockforge.export import load, save
+from blockforge.families.hf_native import to_hf, to_hf_llama
+from blockforge.families.llama_hf import from_hf, from_hf_llama
 from blockforge.families.vit_timm import from_timm_vit
 from blockforge.nn.build import build_model
 from blockforge.spec import ModelSpec, Recipe, ResolvedSpec, load_recipe, resolve
@@ -12,5 +13,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockforgeError", "DataError", "ModelSpec", "Recipe", "ResolvedSpec", "SpecError", "build_model", "from_hf", "from_hf_llama",
-    "from_timm_vit", "load", "load_recipe", "resolve", "to_hf_llama",
+    "from_timm_vit", "load", "load_recipe", "resolve", "save", "to_hf", "to_hf_llama",
 ]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from blockforge.errors import BlockforgeError, CorruptFolderError
+from blockforge.families.conversion import GENERATION_FILE, SOURCE_FILE, read_source
 from blockforge.io import atomic_write_json, atomic_write_text, read_json, writes_into
 from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
 from blockforge.spec.model import ResolvedSpec
@@ -116,27 +117,77 @@ model = blockforge.load("path/to/this/folder")
 """
 
 
-def model_card(spec: ResolvedSpec, model: nn.Module, recipe: dict, result: dict, data: dict, extra: str = "", usage: str = NATIVE_USAGE) -> str:
+def parametrization_text(spec: ResolvedSpec) -> str:
+    """What the card says of the parametrization: nothing for the standard one; for muP and CompleteP, the base sizes and
+    what they multiply in the forward pass (which every export reproduces) and in training (which fine-tuning should keep)."""
+    if spec.parametrization == "standard":
+        return ""
+    base = [f"base width {spec.base_width}"] if spec.base_width else []
+    if spec.parametrization == "completep":
+        base.append(f"base depth {spec.base_depth}, depth exponent {spec.depth_alpha:g}")
+    headers = ["parameter group", "init std", "learning rate", "Adam eps", "weight decay", "forward"]
+    name = {"mup": "muP", "completep": "CompleteP"}.get(spec.parametrization, spec.parametrization)
+    return f"""
+## Parametrization
+
+{name} ({', '.join(base)}): its forward multipliers are part of this model (every export computes them); to fine-tune it
+as it was trained, scale each group's settings as below.
+
+{markdown_table(headers, spec.transfer_factors(), "l" + "r" * (len(headers) - 1))}
+"""
+
+
+def model_card(spec: ResolvedSpec, model: nn.Module, recipe: dict, result: dict, data: dict, extra: str = "", usage: str = NATIVE_USAGE,
+               source: dict | None = None) -> str:
+    """The model card: what the model is and how to load it; for a trained model how it was trained and on what, for a
+    converted one where it came from (and nothing about training it did not have)."""
     placements = ", ".join(f"{name} x{n}" for name, n in Counter(layer.placement_name for layer in spec.layers).items())
+    head = f"""A {spec.family} model of {parameter_count(model):,} parameters: width {spec.width}, depth {spec.depth},
+norm {spec.norm}{', final norm' if spec.final_norm else ''}{', tied embeddings' if spec.tie_embeddings else ''}.
+Architecture hash `{spec.arch_hash()}`."""
+    if source:
+        origin = source.get("base_model") or source.get("name_or_path") or "a transformers model"
+        license_line = f"- license: {source['license']} (the source's)\n" if source.get("license") else "- license: not stated by the source\n"
+        return f"""# blockforge {spec.family} converted from {source.get('class', source['model_type'])}
+
+{head}
+
+Converted from `{origin}` ({source['model_type']}, stored in {source.get('dtype', 'float32')}); blockforge checked its logits
+against the source's on random tokens past its longest window. blockforge did not train it.
+
+{usage}
+## Provenance
+
+- source: {origin}
+- class: {source.get('class', '?')} (model_type {source['model_type']})
+{license_line}
+## Architecture
+
+{architecture_table(spec, model)}
+{parametrization_text(spec)}{extra}"""
     metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
     metric_lines = "\n".join(f"- {key}: {value:.4f}" if isinstance(value, float) else f"- {key}: {value}" for key, value in sorted(metrics.items()))
     train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
     data_lines = "\n".join(f"- {key}: {value}" for key, value in data.items())
+    lines = []
+    if result.get("status") is not None:
+        of = f" of {train['steps']}" if "steps" in train else ""
+        lines.append(f"- status: {result['status']} after {result.get('step', '?')}{of} steps")
+    if train:
+        lines.append(f"- optimizer {train.get('optimizer', 'adam')}, peak lr {train.get('lr')}, batch {train.get('batch_size')}, seed {train.get('seed')}")
+    training = "\n".join(lines) or "- no training record (result.json and recipe.yaml are missing)"
     return f"""# blockforge {spec.family} ({placements})
 
-A {spec.family} model of {parameter_count(model):,} parameters: width {spec.width}, depth {spec.depth},
-norm {spec.norm}{', final norm' if spec.final_norm else ''}{', tied embeddings' if spec.tie_embeddings else ''}.
-Architecture hash `{spec.arch_hash()}`.
+{head}
 
 {usage}
 ## Architecture
 
 {architecture_table(spec, model)}
-
+{parametrization_text(spec)}
 ## Training
 
-- status: {result.get('status', 'unknown')} after {result.get('step', '?')} of {train.get('steps', '?')} steps
-- optimizer {train.get('optimizer')}, peak lr {train.get('lr')}, batch {train.get('batch_size')}, seed {train.get('seed')}
+{training}
 
 ## Data
 
@@ -187,36 +238,58 @@ def export_folder(out: str | os.PathLike, *, force: bool = False, run_dir: str |
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_card: str = "", force: bool = False,
-               format: str = "blockforge") -> Path:
-    """Write the run's latest weights and records into `out_dir` as an exported model in `format` (see EXPORT_FORMATS);
-    `force` replaces an earlier export there."""
+               format: str = "blockforge", dtype: str | None = None) -> Path:
+    """Write the run's latest weights and records (or a model folder's: a converted model's too) into `out_dir` as an
+    exported model in `format` (see EXPORT_FORMATS), its weights at `dtype` (fp32, bf16 or fp16; other libraries'
+    formats only; default float32, or a converted model's source precision); `force` replaces an earlier export there."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "spec.yaml").exists():
         raise BlockforgeError(f"{run_dir}: not a run folder (spec.yaml is missing); give the folder `blockforge train --out` wrote")
     if out_dir.resolve() == run_dir.resolve():
         raise BlockforgeError(f"{out_dir}: export into a new folder, not the run folder itself")
+    torch_dtype = export_dtype(dtype, format)
     _replaceable(out_dir, force, run_dir)
     if format != "blockforge":
         exporter = export_format(format, load_spec(run_dir / "spec.yaml"))
         with export_folder(out_dir, force=force, run_dir=run_dir) as stage:
-            _convert_into(run_dir, stage, exporter, extra_card)
+            _convert_into(run_dir, stage, exporter, extra_card, torch_dtype)
         return out_dir
     model = load(run_dir)
     spec = model.spec
     result, data, recipe = _run_records(run_dir)
+    source = read_source(run_dir)
     with export_folder(out_dir, force=force, run_dir=run_dir) as stage:
         save_weights(model, stage / "model.safetensors", spec)
         save_spec(spec, stage / "spec.yaml")
         with writes_into(stage, "the export", "free space there or choose another --out"):
-            for record in ("recipe.yaml", "data.json"):  # what it was trained with, and on
+            for record in ("recipe.yaml", "data.json", SOURCE_FILE, GENERATION_FILE):  # what it was trained with, and on; where it came from
                 if (run_dir / record).exists():
                     shutil.copyfile(run_dir / record, stage / record)
             if (run_dir / "tokenizer").is_dir():
                 shutil.copytree(run_dir / "tokenizer", stage / "tokenizer")
-        metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
-        atomic_write_json(stage / "metrics.json", {"status": result.get("status"), "step": result.get("step"), **metrics})
-        atomic_write_text(stage / "README.md", model_card(spec, model, recipe, result, data, extra_card))
+        if source is None:
+            metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+            atomic_write_json(stage / "metrics.json", {"status": result.get("status"), "step": result.get("step"), **metrics})
+        atomic_write_text(stage / "README.md", model_card(spec, model, recipe, result, data, extra_card, source=source))
     return out_dir
+
+
+def export_dtype(dtype: str | None, format: str) -> torch.dtype | None:
+    """The torch dtype `--dtype` names (None: the format's default); blockforge's own format keeps float32."""
+    from blockforge.errors import unknown_choice_message
+    from blockforge.families.formats import DTYPES
+
+    if dtype is None:
+        return None
+    if dtype not in EXPORT_DTYPES:
+        raise BlockforgeError(f"--dtype: {unknown_choice_message(dtype, EXPORT_DTYPES)}")
+    if format == "blockforge" and dtype != "fp32":
+        raise BlockforgeError(f"--dtype {dtype}: blockforge's own format keeps float32, the precision blockforge.load builds; "
+                              "give --format hf or timm for a narrower export")
+    return DTYPES[dtype]
+
+
+EXPORT_DTYPES = ("fp32", "bf16", "fp16")
 
 
 # Other libraries' formats: the native export is written to a scratch folder, then converted by the
@@ -252,7 +325,7 @@ def check_export_format(format: str, spec: ResolvedSpec) -> None:
 def _run_records(run_dir: Path) -> tuple[dict, dict, dict]:
     """The run's result, data description and recipe (empty where a record is missing; a damaged one refused)."""
     damaged = "it is damaged; fix or delete it and export again"
-    result = read_json(run_dir / "result.json", damaged) if (run_dir / "result.json").exists() else {"status": "partial"}
+    result = read_json(run_dir / "result.json", damaged) if (run_dir / "result.json").exists() else {}
     data = read_json(run_dir / "data.json", damaged) if (run_dir / "data.json").exists() else {}
     recipe = read_yaml(run_dir / "recipe.yaml") if (run_dir / "recipe.yaml").exists() else {}
     if not isinstance(result, dict) or not isinstance(data, dict) or not isinstance(recipe, dict):
@@ -260,7 +333,7 @@ def _run_records(run_dir: Path) -> tuple[dict, dict, dict]:
     return result, data, recipe
 
 
-def _convert_into(run_dir: Path, out_dir: Path, exporter, extra_card: str = "") -> None:
+def _convert_into(run_dir: Path, out_dir: Path, exporter, extra_card: str = "", dtype: torch.dtype | None = None) -> None:
     """The run in another library's format: its native export in a scratch folder, then converted into (empty) `out_dir`."""
     import tempfile
 
@@ -268,5 +341,97 @@ def _convert_into(run_dir: Path, out_dir: Path, exporter, extra_card: str = "") 
         native = export_run(run_dir, Path(scratch) / "native", extra_card=extra_card)
         model = load(native, attention="sdpa")  # the kernel does not change what the model computes; sdpa runs anywhere
         result, data, recipe = _run_records(run_dir)
-        card = model_card(model.spec, model, recipe, result, data, extra_card, usage=exporter.usage(model.spec))
-        exporter.write(model, native, out_dir, card)
+        card = model_card(model.spec, model, recipe, result, data, extra_card, usage=exporter.usage(model.spec, native), source=read_source(native))
+        exporter.write(model, native, out_dir, card, dtype)
+
+
+def _front_matter(folder: Path) -> dict:
+    """The YAML header of a model card (README.md) in `folder`, {} when there is none or it does not read."""
+    import yaml
+
+    card = folder / "README.md"
+    if not card.is_file():
+        return {}
+    text = card.read_text(errors="replace")
+    if not text.startswith("---"):
+        return {}
+    header = text[3:].split("\n---", 1)[0]
+    try:
+        fields = yaml.safe_load(header)
+    except yaml.YAMLError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _hub_name(name: str) -> str | None:
+    """`name` when it looks like a hub id (org/model) rather than a local path."""
+    parts = name.split("/")
+    return name if len(parts) == 2 and all(parts) and not Path(name).exists() and not name.startswith((".", "~")) else None
+
+
+def _save_tokenizer(tokenizer, folder: Path) -> None:
+    """A tokenizer into `folder`: a transformers tokenizer saved, or a folder's tokenizer files copied as they are."""
+    from blockforge.data.tokenizer import load_tokenizer
+    from blockforge.errors import DataError
+    from blockforge.families.llama_hf import TOKENIZER_FILES
+
+    folder.mkdir()
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(folder)
+    else:
+        source = Path(tokenizer)
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        if "tokenizer_config.json" not in copied:
+            raise BlockforgeError(f"{source}: no tokenizer here (tokenizer_config.json is missing); give the folder the tokenizer was saved to")
+        for name in copied:
+            shutil.copyfile(source / name, folder / name)
+    try:
+        load_tokenizer(folder)
+    except DataError as err:
+        raise BlockforgeError(f"the tokenizer given to save does not read back ({err}); give another") from None
+
+
+def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: bool = False, base_model: str | None = None,
+         license: str | None = None) -> Path:
+    """Write an in-memory model as a blockforge model folder, which blockforge.load, `blockforge generate` and
+    `blockforge export --format hf` read: model.safetensors, spec.yaml and a card, and its tokenizer (`tokenizer`: a
+    transformers tokenizer or a folder holding one; by default that of the folder a converted model was read from).
+
+    A model from blockforge.from_hf keeps its source: source.json (class, base model, license, precision, token ids)
+    and generation_config.json (eos lists, sampling defaults), so it leaves again as the class it came as, with the same
+    tokenizer and generation settings. `base_model` and `license` default to those of the source folder's model card.
+    """
+    from blockforge.families.llama_hf import _float32_copy
+
+    spec = getattr(model, "spec", None)
+    if not isinstance(spec, ResolvedSpec):
+        raise BlockforgeError(f"save takes a blockforge model (from blockforge.build_model, load or from_hf), not a {type(model).__name__}; "
+                              "convert a transformers model first with blockforge.from_hf")
+    record = getattr(model, "hf_source", None)
+    folder = Path(record["folder"]) if record and record.get("folder") else None
+    if tokenizer is None and folder is not None and (folder / "tokenizer_config.json").is_file():
+        tokenizer = folder
+    card_fields = _front_matter(folder) if folder is not None else {}
+    model = _float32_copy(model)
+    with export_folder(out, force=force) as stage:
+        save_weights(model, stage / "model.safetensors", spec)
+        save_spec(spec, stage / "spec.yaml")
+        if tokenizer is not None:
+            _save_tokenizer(tokenizer, stage / "tokenizer")
+        source = None
+        if record is not None:
+            source = {
+                "model_type": record["model_type"], "class": record.get("class"), "name_or_path": record.get("name_or_path"),
+                "base_model": base_model or card_fields.get("base_model") or _hub_name(record.get("name_or_path") or "") or None,
+                "license": license or card_fields.get("license"), "dtype": record.get("dtype", "float32"),
+                "token_ids": dict(getattr(model, "token_ids", None) or {}),
+            }
+            atomic_write_json(stage / SOURCE_FILE, source)
+            if folder is not None and (folder / GENERATION_FILE).is_file():
+                shutil.copyfile(folder / GENERATION_FILE, stage / GENERATION_FILE)
+            elif record.get("generation_config"):
+                from transformers import GenerationConfig
+
+                GenerationConfig.from_dict(dict(record["generation_config"])).save_pretrained(stage)
+        atomic_write_text(stage / "README.md", model_card(spec, model, {}, {}, {}, source=source))
+    return Path(out)

@@ -17,14 +17,17 @@ def add_parser(sub) -> None:
     p.add_argument("--under", help="search folders with a cost axis: the best quality on the front within COST=X, e.g. kv_cache_bytes=65536")
     p.add_argument("--format", choices=["blockforge", "hf", "timm"], default="blockforge",
                    help="blockforge (read by blockforge.load), hf (transformers: a llama, with its tokenizer) or timm (a uniform Pre-LN vit)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="--format hf or timm: the weights' precision (default fp32, or a converted model's source precision)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a non-empty --out is refused without it)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.export import export_folder, export_run
+    from blockforge.export import export_dtype, export_folder, export_run
 
     source = Path(args.source)
+    export_dtype(args.dtype, args.format)  # refused before anything is read
     if args.pick is not None and args.under:
         from blockforge.errors import BlockforgeError
 
@@ -34,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
         with export_folder(args.out, force=args.force, run_dir=source) as stage:  # checked before any retraining
             export_best(source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format,
-                        pick=args.pick, under=args.under)
+                        pick=args.pick, under=args.under, dtype=args.dtype)
     else:
         if args.cell or args.retrain or args.pick is not None or args.under:
             from blockforge.errors import BlockforgeError
 
             raise BlockforgeError(f"{source}: --cell, --retrain, --pick and --under apply to a search folder, and this is not one (no search.json)")
-        export_run(source, args.out, force=args.force, format=args.format)
+        export_run(source, args.out, force=args.force, format=args.format, dtype=args.dtype)
     print(f"exported to {args.out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
     return 0

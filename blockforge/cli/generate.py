@@ -14,9 +14,10 @@ def add_parser(sub) -> None:
     p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0: greedy (default: the model's generation config, e.g. a converted model's sampling defaults, else 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="default: the model's generation config, else none")
+    p.add_argument("--top-p", type=float, default=None, help="default: the model's generation config, else none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=run)
@@ -28,11 +29,13 @@ def run(args: argparse.Namespace) -> int:
     from blockforge.data import load_tokenizer
     from blockforge.errors import BlockforgeError
     from blockforge.export import load, tokenizer_folder
+    from blockforge.families.conversion import read_generation
+    from blockforge.families.hf_export import blockforge_bpe, packed
     from blockforge.nn.generate import check_sampling
     from blockforge.train.runtime import pick_device
 
     try:  # before anything is loaded or printed
-        check_sampling(args.temperature, args.top_k, args.top_p)
+        check_sampling(0.8 if args.temperature is None else args.temperature, args.top_k, args.top_p)
     except BlockforgeError as e:
         raise BlockforgeError(f"--{str(e).replace('_', '-', 1)}") from None
     folder = Path(args.dir)
@@ -41,15 +44,22 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(model, "generate"):
         raise BlockforgeError(f"{folder}: a {model.spec.family} model does not generate text; give a language model's folder")
     tokenizer = load_tokenizer(tokenizer_folder(folder))
-    # Training documents start after an end-of-text id (packed rows), so a prompt starts the same way.
-    ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
+    settings = read_generation(folder)  # a converted model's, or a transformers export's
+    temperature, top_k, top_p = sampling(args, settings)
+    if blockforge_bpe(folder, tokenizer.hf) and packed(folder):
+        # Packed training documents start after an end-of-text id, so a prompt starts the same way.
+        ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
+    else:  # any other tokenizer: as it encodes a prompt itself (a bos where it adds one)
+        ids = tokenizer.hf(args.prompt)["input_ids"]
+    stops = settings.get("eos_token_id", tokenizer.eos_id)
+    stops = [int(i) for i in stops] if isinstance(stops, list) else [int(stops)]
     new: list[int] = []
     shown = ""
 
     def stream(column: torch.Tensor) -> None:
         nonlocal shown
         token = int(column[0])
-        if token == tokenizer.eos_id:
+        if token in stops:
             return
         new.append(token)
         text = tokenizer.decode(new)
@@ -59,7 +69,19 @@ def run(args: argparse.Namespace) -> int:
             shown = text
 
     sys.stdout.write(args.prompt)
-    model.generate(torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, eos_id=tokenizer.eos_id, on_token=stream)
+    model.generate(torch.tensor([ids], device=device), args.max_new_tokens, temperature=temperature, top_k=top_k,
+                   top_p=top_p, seed=args.seed, eos_id=stops, on_token=stream)
     sys.stdout.write("\n")
     return 0
+
+
+def sampling(args: argparse.Namespace, settings: dict) -> tuple[float, int | None, float | None]:
+    """Temperature, top-k and top-p: each flag given, else the model's generation config (greedy unless it samples), else
+    blockforge's defaults (0.8, none, none)."""
+    if not settings:
+        return (0.8 if args.temperature is None else args.temperature), args.top_k, args.top_p
+    samples = bool(settings.get("do_sample", False))
+    temperature = args.temperature if args.temperature is not None else (float(settings.get("temperature", 1.0)) if samples else 0.0)
+    top_k = args.top_k if args.top_k is not None else (settings.get("top_k") if samples else None)
+    top_p = args.top_p if args.top_p is not None else (settings.get("top_p") if samples else None)
+    return temperature, top_k or None, top_p

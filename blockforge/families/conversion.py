@@ -8,7 +8,9 @@ both models on one small random input and refuses unless their outputs agree wit
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -81,6 +83,22 @@ def check_same_outputs(
 
 
 @contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' loading and saving without its progress bars and notes (what blockforge checks, it says itself)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     """`model` in eval mode for the check, back in its own mode afterwards."""
     was_training = model.training
@@ -89,6 +107,19 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def rounded_to(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A float32 copy of `model` with every weight rounded to `dtype` (what an export at `dtype` holds), or `model` itself."""
+    if dtype == torch.float32:
+        return model
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for tensor in (*rounded.parameters(), *rounded.buffers()):
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(dtype).float())
+    return rounded
+
 
 
 PROBE_LENGTH = 16  # tokens a check runs at least
@@ -102,3 +133,43 @@ def probe_tokens(spec) -> torch.Tensor:
     length = min(spec.context, max(PROBE_LENGTH, max(windows, default=0) + WINDOW_MARGIN))
     rows = 2 if length <= 256 else 1  # long probes of large models: one row is enough to see a window
     return torch.randint(0, spec.vocab, (rows, length), generator=torch.Generator().manual_seed(0))
+
+
+# What a converted model keeps of its source, beside its weights in a blockforge folder (blockforge.save writes it):
+# source.json (the class, base model, license, precision and token ids of the source config) and, when the source
+# had them, generation_config.json (as transformers wrote it) and the tokenizer's files in tokenizer/, verbatim.
+SOURCE_FILE = "source.json"
+GENERATION_FILE = "generation_config.json"
+
+
+def read_source(folder: Path) -> dict | None:
+    """The source record of a converted model's folder (None for a model blockforge trained)."""
+    from blockforge.io import read_json
+
+    path = Path(folder) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    record = read_json(path, "convert the model again")
+    if not isinstance(record, dict) or not isinstance(record.get("model_type"), str):
+        from blockforge.errors import CorruptFolderError
+
+        raise CorruptFolderError(f"{path}: not a source record (a mapping with model_type); convert the model again")
+    return record
+
+
+def read_generation(folder: Path) -> dict:
+    """The generation settings saved beside a model (generation_config.json's non-default values), {} when none."""
+    path = Path(folder) / GENERATION_FILE
+    if not path.is_file():
+        return {}
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(str(Path(folder)), local_files_only=True)
+    except Exception as err:
+        from blockforge.errors import CorruptFolderError
+
+        raise CorruptFolderError(f"{path}: cannot be read ({type(err).__name__}); convert the model again or delete it") from None
+    settings = config.to_diff_dict()
+    settings.pop("transformers_version", None)
+    return settings

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
 from torch import nn
 
 from blockforge.spec.model import ResolvedSpec
 
-RECORDS = ("recipe.yaml", "data.json", "metrics.json")  # the native export's records, kept beside the converted model
+RECORDS = ("recipe.yaml", "data.json", "metrics.json", "source.json")  # the native export's records, kept beside the converted model
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,  # --dtype, and precisions by torch's names
+          "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,10 @@ class ExportFormat:
     name: str  # the --format value
     library: str  # for messages: "transformers", "timm"
     check: Callable[[ResolvedSpec], None]  # refuses a spec the format cannot hold, before anything is written
-    usage: Callable[[ResolvedSpec], str]  # the model card's "how to load it" section
-    write: Callable[[nn.Module, Path, Path, str], None]  # write(model, native export folder, out folder, card)
+    usage: Callable[[ResolvedSpec, Path], str]  # usage(spec, native export folder): the model card's "how to load it" section
+    # write(model, native export folder, out folder, card, dtype): dtype None is the format's default (float32, or a
+    # converted model's source precision)
+    write: Callable[[nn.Module, Path, Path, str, "torch.dtype | None"], None]
     # read(folder) -> (resolved spec, weights by blockforge's names, or None when the folder's model.safetensors holds
     # them so), for a folder this format wrote; None for any other folder (blockforge.load tries each format).
     read: Callable[[Path], tuple[ResolvedSpec, dict | None] | None] | None = None

@@ -1,13 +1,20 @@
-"""`--format hf`: an exported llama as a transformers folder (config.json, model.safetensors, tokenizer, card).
+"""`--format hf`: an exported llama as a transformers folder (config.json, model.safetensors, tokenizer, generation
+config, card).
 
-A uniform Pre-LN RMSNorm llama with a final norm and the same heads and ffn in every layer becomes a
-plain `LlamaForCausalLM` (families/llama_hf.py). Every other llama keeps blockforge's parameter names
-and ships hf_remote/'s configuration and modeling files, registered in config.json's `auto_map` and
-loaded with `trust_remote_code=True`; its config holds the resolved spec as read from the modules.
+A llama that a transformers class computes exactly (families/hf_native.py: Llama, Mistral, Qwen2, Qwen3, OLMo 2,
+Gemma 1-3, Phi-3, SmolLM3, Granite, with their windows, softcaps and multipliers) leaves as that class, under its
+own module names, the class a converted model came from first. Every other llama (Mix-LN, per-layer heads, ...)
+keeps blockforge's parameter names and ships hf_remote/'s configuration and modeling files, registered in
+config.json's `auto_map` and loaded with `trust_remote_code=True`.
 
-The tokenizer goes to the top of the folder, with the model's bos, eos and pad ids taken from it.
-Before the files are moved into place, the staged folder is loaded back with transformers: every
-weight must load (none newly initialized) and the logits must equal blockforge's within 1e-5.
+What surrounds the weights is carried over exactly. A converted model's tokenizer files are copied as they are,
+its config's bos/eos/pad ids and its generation config (eos lists, sampling defaults) come from its source record
+(families/conversion.py); a model trained with a tokenizer from the hub keeps that tokenizer as it is (no pad
+token is fine). Only blockforge's own BPE, which has no bos, is saved to prepend the end-of-text token every
+packed training document followed. Before the files are moved into place, the staged folder is loaded back with
+transformers: every weight must load (none newly initialized), the logits must equal blockforge's within 1e-5
+(at the export's dtype, the weights rounded to it), the tokenizer must encode probe texts as the model's own
+did, and the ids and generation settings must be those intended.
 """
 
 from __future__ import annotations
@@ -16,17 +23,21 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 from torch import nn
 
-from blockforge.data.tokenizer import load_tokenizer
+from blockforge.data.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer
 from blockforge.errors import CorruptFolderError, DataError
+from blockforge.families.conversion import (
+    ConversionError, TensorSource, check_same_outputs, probe_tokens, quiet_transformers, read_generation, read_source, rounded_to,
+)
+from blockforge.families.formats import DTYPES, ExportFormat, copy_records, front_matter, publish, staging
+from blockforge.families.hf_native import CLASSES, native_kind, to_hf
+from blockforge.families.llama_hf import TOKENIZER_FILES, from_hf_llama
 from blockforge.io import read_json
-from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, probe_tokens
-from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
-from blockforge.families.llama_hf import from_hf_llama, hf_llama_problems, to_hf_llama
 from blockforge.nn.attention import Attention
 from blockforge.nn.block import Residual
 from blockforge.nn.mlp import SwiGLU
@@ -45,16 +56,41 @@ AUTO_MAP = {
 }
 REMOTE_NORMS = ("rmsnorm", "layernorm", "dyt")  # what the modeling file holds
 REMOTE_MODEL_TYPE = "blockforge_llama"  # configuration_blockforge.BlockforgeLlamaConfig.model_type
+# Texts a carried-over tokenizer must encode as the model's own does: scripts, digits, spacing, code, markup.
+PROBE_TEXTS = (
+    "The model", " leading space", "two  spaces\tand a tab", "line one\nline two\n\n", "Numbers 3.14159, 1,000,000 and -42.",
+    "naïve café, Straße, Ærø", "Привет, мир", "こんにちは世界", "안녕하세요", "مرحبا بالعالم", "emoji 🙂🚀 and ❤️", "def f(x):\n    return x ** 2",
+    "<div class=\"a\">&amp;</div>", "snake_case camelCase kebab-case", "URL https://example.org/a?b=c#d", "ÀÉÎÕÜ àéîõü", "a" * 40,
+    "Mixed: 漢字 and ASCII 123", "   ", "end.",
+)
 
 
 @dataclass(frozen=True)
 class TokenIds:
-    bos: int
-    eos: int
-    pad: int
+    bos: Any
+    eos: Any  # an id, or a list of them (a model that stops at several)
+    pad: Any
 
     def config(self) -> dict:
         return {"bos_token_id": self.bos, "eos_token_id": self.eos, "pad_token_id": self.pad}
+
+
+@dataclass(frozen=True)
+class ExportedTokenizer:
+    """The tokenizer an export ships: files copied as they are (`files`), or a tokenizer prepared here (`prepared`);
+    and the ids the model config takes."""
+
+    ids: TokenIds
+    files: Path | None = None
+    prepared: Any = None
+
+    def save(self, stage: Path) -> None:
+        if self.prepared is not None:
+            self.prepared.save_pretrained(stage)
+            return
+        for name in TOKENIZER_FILES:
+            if (self.files / name).is_file():
+                shutil.copyfile(self.files / name, stage / name)
 
 
 def check(spec: ResolvedSpec) -> None:
@@ -67,41 +103,64 @@ def check(spec: ResolvedSpec) -> None:
         )
 
 
-def plain(spec: ResolvedSpec) -> bool:
-    """Whether the export is a plain LlamaForCausalLM (else it ships its modeling file)."""
-    return not hf_llama_problems(spec)
+def plain(spec: ResolvedSpec, prefer: str | None = None) -> bool:
+    """Whether the export is a class of transformers' own (else it ships its modeling file)."""
+    return native_kind(spec, prefer) is not None
 
 
-def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
-    """The transformers folder of `model` (loaded from the native export `native_dir`) in `out_dir`."""
-    tokenizer, ids = exported_tokenizer(native_dir, model.spec.context)
+def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str, dtype: torch.dtype | None = None) -> None:
+    """The transformers folder of `model` (loaded from the native export `native_dir`) in `out_dir`, at `dtype` (default:
+    a converted model's source precision, else float32)."""
+    source = read_source(native_dir) or {}
+    tokenizer = exported_tokenizer(native_dir, model.spec.context, source)
+    generation = {**tokenizer.ids.config(), **(read_generation(native_dir) or source.get("generation_config") or {})}
+    dtype = dtype or DTYPES.get(source.get("dtype"), torch.float32)
+    kind = native_kind(model.spec, prefer=source.get("model_type"))
     with staging(out_dir) as stage:
-        if plain(model.spec):
-            hf_model, model_class = plain_llama(model, ids), None
+        if kind is not None:
+            hf_model = to_hf(model, kind, ids=tokenizer.ids.config(), generation=generation)
         else:
-            hf_model, model_class = remote_llama(model, ids), remote_class()
+            hf_model = remote_llama(model, tokenizer.ids, generation)
             for name in REMOTE_FILES:
                 shutil.copyfile(REMOTE_DIR / name, stage / name)
-        hf_model.config.blockforge_spec = yaml.safe_load(spec_to_yaml(model.spec))  # blockforge.load reads the folder back by it
-        hf_model.save_pretrained(stage)
-        tokenizer.save_pretrained(stage)
-        copy_records(native_dir, stage)
-        (stage / "README.md").write_text(front_matter(library_name="transformers", pipeline_tag="text-generation", tags="[blockforge]") + card)
-        verify(stage, model, model_class, ids)
+        hf_model.config.blockforge_spec = yaml.safe_load(spec_to_yaml(model.spec))  # blockforge.load reads the folder by it
+        with quiet_transformers():
+            hf_model.to(dtype).save_pretrained(stage)
+            tokenizer.save(stage)
+            copy_records(native_dir, stage)
+            (stage / "README.md").write_text(card_front_matter(model.spec, source, native_dir) + card)
+            verify(stage, model, type(hf_model), tokenizer, native_dir, generation, dtype)
         publish(stage, out_dir)
+
+
+def card_front_matter(spec: ResolvedSpec, source: dict, native_dir: Path) -> str:
+    """The model card's YAML header: library, task, provenance (a converted model's base model and license) and data."""
+    fields = {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": "[blockforge]"}
+    if source.get("license"):
+        fields["license"] = source["license"]
+    if source.get("base_model"):
+        fields["base_model"] = source["base_model"]
+    data = read_json(native_dir / "data.json", "export the run again") if (native_dir / "data.json").is_file() else {}
+    if isinstance(data, dict) and data.get("source") == "hf" and data.get("dataset"):
+        fields["datasets"] = f"[{data['dataset']}]"
+    return front_matter(**fields)
 
 
 def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
     """A transformers folder this format wrote, for blockforge.load: its spec (config.json's blockforge_spec, or the
-    recipe.yaml beside it for folders written before that) and, for a plain LlamaForCausalLM, its weights converted to
-    blockforge's names (its own modeling file's folders hold blockforge's names already). None for other folders."""
+    recipe.yaml beside it for folders written before that) and its weights under blockforge's names (None when
+    model.safetensors holds them so: the remote-code form). None for folders blockforge did not write. A missing or
+    damaged weights file, a weight transformers would draw at random, or a config.json edited away from the spec
+    it carries is refused in one sentence."""
     config_path = folder / "config.json"
-    if not config_path.is_file() or not (folder / "model.safetensors").is_file():
+    if not config_path.is_file():
         return None
     config = read_json(config_path, "export the model again")
     ours = isinstance(config, dict) and ("blockforge_spec" in config or "blockforge_arch_hash" in config or (folder / "recipe.yaml").is_file())
-    if not ours or config.get("model_type") not in ("llama", REMOTE_MODEL_TYPE):
+    if not ours or config.get("model_type") not in (*CLASSES, REMOTE_MODEL_TYPE):
         return None
+    if not any(folder.glob("model*.safetensors")):
+        raise CorruptFolderError(f"{folder}: model.safetensors is missing, so this transformers export has no weights; export the model again")
     if isinstance(config.get("blockforge_spec"), dict):
         spec = spec_from_yaml(config["blockforge_spec"], file=f"{config_path}: blockforge_spec")
     elif (folder / "recipe.yaml").is_file():
@@ -110,35 +169,92 @@ def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
         raise CorruptFolderError(f"{folder}: a transformers folder with neither blockforge_spec in config.json nor recipe.yaml, so its "
                                  "blockforge spec is unknown; load it with transformers, or export the run again")
     if config["model_type"] == REMOTE_MODEL_TYPE:
+        _check_remote_config(config_path, config, spec)
         return spec, None
-    from transformers import LlamaForCausalLM
+    from blockforge.families.hf_native import computes
+    from blockforge.families.llama_hf import load_hf_folder
 
-    converted = from_hf_llama(LlamaForCausalLM.from_pretrained(folder))
+    try:
+        converted = from_hf_llama(load_hf_folder(folder))
+    except ConversionError as err:
+        raise CorruptFolderError(f"{err}; export the model again") from None
+    differing = _first_difference(computes(converted.spec), computes(spec))
+    if differing is not None:
+        raise CorruptFolderError(f"{config_path}: the model it configures differs from the blockforge_spec it carries ({differing}), "
+                                 "so config.json was edited after export; export the model again")
     return spec, converted.state_dict()
 
 
-def exported_tokenizer(native_dir: Path, context: int):
-    """The run's tokenizer, prepared for the export, and the ids the model config takes from it.
+def _first_difference(found: Any, expected: Any, path: str = "") -> str | None:
+    """Where two plain structures first differ, as 'path: found X, spec says Y' (None when equal)."""
+    if isinstance(found, dict) and isinstance(expected, dict):
+        for key in list(expected) + [k for k in found if k not in expected]:
+            where = _first_difference(found.get(key), expected.get(key), f"{path}.{key}" if path else str(key))
+            if where is not None:
+                return where
+        return None
+    if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)) and len(found) == len(expected):
+        for index, (a, b) in enumerate(zip(found, expected)):
+            where = _first_difference(a, b, f"{path}[{index}]")
+            if where is not None:
+                return where
+        return None
+    return None if found == expected else f"{path}: {found!r}, the spec gives {expected!r}"
 
-    Without a bos token of its own, the end-of-text token becomes bos (every training document and every
-    `blockforge generate` prompt starts after it); when the tokenizer adds no special tokens otherwise, it
-    is saved to prepend that bos when asked for special tokens (`tokenizer(text)`), as those prompts do.
-    """
-    if not (native_dir / "tokenizer").is_dir():
+
+def _check_remote_config(path: Path, config: dict, spec: ResolvedSpec) -> None:
+    """config.json of a remote-code export must say what its blockforge_spec builds (every key the modeling file reads)."""
+    from blockforge.nn.build import build_model
+
+    expected = json.loads(json.dumps(remote_config(build_model(spec, device="meta"))))
+    found = {key: config.get(key) for key in expected}
+    if found.get("layers") is not None:  # layers may lack keys older exports did not write
+        found["layers"] = [{k: v for k, v in layer.items() if k in want} for layer, want in zip(found["layers"], expected["layers"])]
+    differing = _first_difference(found, expected)
+    if differing is not None:
+        raise CorruptFolderError(f"{path}: says something other than the blockforge_spec it carries ({differing}), so config.json was "
+                                 "edited after export; export the model again")
+
+
+def blockforge_bpe(native_dir: Path, hf) -> bool:
+    """Whether the tokenizer is blockforge's own BPE (data.json names it bpe-N; for a folder without records: its only special
+    tokens are blockforge's end-of-text and pad, and it has no bos)."""
+    data = read_json(native_dir / "data.json", "export the run again") if (native_dir / "data.json").is_file() else None
+    if isinstance(data, dict) and isinstance(data.get("tokenizer"), str):
+        return data["tokenizer"].startswith("bpe-")
+    return hf.bos_token is None and set(hf.all_special_tokens) == {EOS_TOKEN, PAD_TOKEN}
+
+
+def packed(native_dir: Path) -> bool:
+    """Whether training packed documents into rows (each following the previous one's end-of-text token)."""
+    data = read_json(native_dir / "data.json", "export the run again") if (native_dir / "data.json").is_file() else None
+    return not isinstance(data, dict) or data.get("pack", True) is not False
+
+
+def exported_tokenizer(native_dir: Path, context: int, source: dict) -> ExportedTokenizer:
+    """The tokenizer the export ships and the ids its config takes. A converted model's comes as its source had it (ids from
+    the source config); a tokenizer from the hub as it is; blockforge's own BPE, which has no bos, gets its end-of-text
+    token as bos and, when training packed documents (each after that token), prepends it (`tokenizer(text)`)."""
+    folder = native_dir / "tokenizer"
+    if not folder.is_dir():
         raise ConversionError("the run has no tokenizer/ folder, which a transformers export ships; put the tokenizer it was trained with there")
     try:
-        tokenizer = load_tokenizer(native_dir / "tokenizer")
+        tokenizer = load_tokenizer(folder)
     except DataError:
         raise ConversionError("the run's tokenizer/ folder cannot be read, so its export could not encode text; check that folder") from None
     hf = tokenizer.hf
-    if hf.bos_token is None:
-        hf.bos_token = hf.convert_ids_to_tokens(tokenizer.eos_id)
-        if adds_no_tokens(hf):
-            hf.add_bos_token = True
-            hf.init_kwargs["add_bos_token"] = True  # saved, so a reload rebuilds the same post-processor
+    if source:
+        ids = source.get("token_ids") or {}
+        return ExportedTokenizer(TokenIds(bos=ids.get("bos_token_id"), eos=ids.get("eos_token_id"), pad=ids.get("pad_token_id")), files=folder)
+    if not blockforge_bpe(native_dir, hf):
+        return ExportedTokenizer(TokenIds(bos=hf.bos_token_id, eos=tokenizer.eos_id, pad=hf.pad_token_id), files=folder)
+    hf.bos_token = hf.convert_ids_to_tokens(tokenizer.eos_id)
+    if packed(native_dir) and adds_no_tokens(hf):
+        hf.add_bos_token = True
+        hf.init_kwargs["add_bos_token"] = True  # saved, so a reload rebuilds the same post-processor
     hf.init_kwargs.pop("local_files_only", None)  # how blockforge read it, not a property of the tokenizer
     hf.model_max_length = context
-    return hf, TokenIds(bos=hf.bos_token_id, eos=tokenizer.eos_id, pad=tokenizer.pad_id)
+    return ExportedTokenizer(TokenIds(bos=hf.bos_token_id, eos=tokenizer.eos_id, pad=tokenizer.pad_id), prepared=hf)
 
 
 def adds_no_tokens(hf) -> bool:
@@ -150,21 +266,13 @@ def adds_no_tokens(hf) -> bool:
     return processor is None or (processor.get("type") == "TemplateProcessing" and not processor.get("special_tokens"))
 
 
-def plain_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
-    hf_model = to_hf_llama(model)
-    for key, value in ids.config().items():
-        setattr(hf_model.config, key, value)
-        setattr(hf_model.generation_config, key, value)
-    return hf_model
-
-
 def remote_class():
     from blockforge.families.hf_remote.modeling_blockforge import BlockforgeForCausalLM
 
     return BlockforgeForCausalLM
 
 
-def remote_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
+def remote_llama(model: nn.Module, ids: TokenIds, generation: dict | None = None) -> nn.Module:
     """The modeling file's model with `model`'s weights: every tensor copied under its own name, then compared."""
     from blockforge.families.hf_remote.configuration_blockforge import BlockforgeLlamaConfig
 
@@ -176,7 +284,9 @@ def remote_llama(model: nn.Module, ids: TokenIds) -> nn.Module:
     for name, tensor in targets.items():
         source.copy_into(tensor, name)
     source.finish()
-    hf_model.generation_config.update(**ids.config())
+    from transformers import GenerationConfig
+
+    hf_model.generation_config = GenerationConfig(**{**ids.config(), **(generation or {})})
     hf_model.eval()
     tokens = probe_tokens(model.spec)
     with torch.no_grad():
@@ -202,7 +312,7 @@ def remote_config(model: nn.Module) -> dict:
         "final_norm": norm_slot(model.final_norm, "final_norm", spec.norm, spec.norm_eps),
         "rope_theta": spec.rope_theta,
         "rope_frequency_scaling": rope_scaling(spec),
-        "tie_word_embeddings": model.head.weight is model.embed.weight,
+        "tie_word_embeddings": spec.tie_embeddings,
         "readout_multiplier": float(model._logit_multiplier),  # muP's 1/m times logit_multiplier
         "logit_softcap": spec.logit_softcap,
         "embed_scale": float(spec.embed_scale),
@@ -286,34 +396,67 @@ def norm_slot(module: nn.Module, where: str, norm: str, eps: float) -> bool:
     raise ConversionError(f"{where} is a {type(module).__name__} where the transformers modeling file holds {held} or nothing")
 
 
-def verify(stage: Path, model: nn.Module, model_class, ids: TokenIds) -> None:
-    """Load the staged folder as a user will, and refuse unless every weight loads and the logits agree."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
+def verify(stage: Path, model: nn.Module, model_class, tokenizer: ExportedTokenizer, native_dir: Path, generation: dict,
+           dtype: torch.dtype) -> None:
+    """Load the staged folder as a user will, and refuse unless every weight loads, the logits agree (float32 arithmetic on
+    the weights as written), and the tokenizer, ids and generation settings are those intended."""
+    from transformers import AutoTokenizer
 
-    loaded, info = (model_class or LlamaForCausalLM).from_pretrained(stage, output_loading_info=True)
+    loaded, info = model_class.from_pretrained(stage, output_loading_info=True, dtype=torch.float32)
     problems = {key: sorted(value)[:3] for key, value in info.items() if value}
     if problems:
         raise ConversionError(f"the written transformers folder does not load cleanly ({problems}); refused")
     tokens = probe_tokens(model.spec)
     with torch.no_grad():
-        check_same_outputs(loaded.eval()(tokens).logits, model(tokens), "the written transformers folder", TOLERANCE, cause=CAUSE)
-    tokenizer = AutoTokenizer.from_pretrained(stage, config=loaded.config)  # the config given: no remote-code question
-    saved = TokenIds(bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+        check_same_outputs(loaded.eval()(tokens).logits, rounded_to(model, dtype)(tokens), "the written transformers folder", TOLERANCE, cause=CAUSE)
     configured = TokenIds(bos=loaded.config.bos_token_id, eos=loaded.config.eos_token_id, pad=loaded.config.pad_token_id)
-    if not saved == configured == ids:
-        raise ConversionError(f"the written tokenizer's ids {saved} differ from the model config's {configured}; refused")
+    if configured != tokenizer.ids:
+        raise ConversionError(f"the written config's token ids {configured} differ from the intended {tokenizer.ids}; refused")
+    written = loaded.generation_config.to_diff_dict()
+    changed = {key: (written.get(key), value) for key, value in generation.items() if written.get(key) != value}
+    if changed:
+        raise ConversionError(f"the written generation config differs from the intended one ({changed}); refused")
+    saved = AutoTokenizer.from_pretrained(stage, config=loaded.config)  # the config given: no remote-code question
+    if tokenizer.prepared is not None:
+        ids = TokenIds(bos=saved.bos_token_id, eos=saved.eos_token_id, pad=saved.pad_token_id)
+        if ids != tokenizer.ids:
+            raise ConversionError(f"the written tokenizer's ids {ids} differ from the model config's {tokenizer.ids}; refused")
+        return
+    own = load_tokenizer(native_dir / "tokenizer").hf
+    for text in PROBE_TEXTS:
+        for special in (True, False):
+            if saved(text, add_special_tokens=special).input_ids != own(text, add_special_tokens=special).input_ids:
+                raise ConversionError(f"the written tokenizer encodes {text!r} unlike the model's own; refused")
+    if (saved.bos_token_id, saved.eos_token_id, saved.pad_token_id) != (own.bos_token_id, own.eos_token_id, own.pad_token_id):
+        raise ConversionError("the written tokenizer's special tokens differ from the model's own; refused")
 
 
-def usage(spec: ResolvedSpec) -> str:
-    remote = "" if plain(spec) else ", trust_remote_code=True"
-    kind = (
-        "a plain `LlamaForCausalLM` (query and key rows permuted to transformers' RoPE layout)" if plain(spec)
-        else "blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`)"
-    )
-    flag = "" if plain(spec) else " (the tokenizer needs the flag only to read config.json)"
-    return f"""This folder is {kind}; its logits equal `blockforge.load`'s{flag}. Every training document followed an
-end-of-text token, so a tokenizer without a bos token of its own was saved with that token as bos and prepends it.
-
+def usage(spec: ResolvedSpec, native_dir: Path) -> str:
+    source = read_source(native_dir) or {}
+    kind = native_kind(spec, prefer=source.get("model_type"))
+    remote = "" if kind is not None else ", trust_remote_code=True"
+    if kind is not None:
+        name = CLASSES[kind][1]
+        kind_text = f"transformers' own `{name}` (module names and all), so it runs wherever that class does: vLLM, TGI, GGUF converters, peft"
+        if kind == "llama":
+            kind_text += " (query and key rows permuted to transformers' RoPE layout)"
+        peft = ""
+    else:
+        kind_text = ("blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`), on "
+                     "transformers' attention interface (eager, sdpa, flash and flex attention) and caches (a sliding layer's cache holds its "
+                     "window; `cache_implementation=\"static\"` works)")
+        peft = ("\npeft has no default target modules for this model type; its projections are fused, so name them: "
+                "`LoraConfig(target_modules=[\"qkv\", \"proj\", \"gate_up\", \"down\"])`.\n")
+    flag = "" if kind is not None else " (the tokenizer needs the flag only to read config.json)"
+    if source:
+        tokens = ("Its tokenizer, special token ids and generation config are the source model's, unchanged.")
+    elif (native_dir / "tokenizer").is_dir() and blockforge_bpe(native_dir, load_tokenizer(native_dir / "tokenizer").hf):
+        tokens = ("Its tokenizer is blockforge's byte-level BPE, which has no bos token; its end-of-text token is saved as bos"
+                  + (" and prepended, as every packed training document followed it." if packed(native_dir) else "."))
+    else:
+        tokens = "Its tokenizer is the one training used, unchanged."
+    return f"""This folder is {kind_text}; its logits equal `blockforge.load`'s{flag}. {tokens}
+{peft}
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 

@@ -13,16 +13,17 @@ conversion checks its result against its source on random tokens past its longes
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from blockforge.errors import warn
-from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating, probe_tokens
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, evaluating, probe_tokens, quiet_transformers
 from blockforge.nn.build import build_model, copy_weight
 from blockforge.nn.attention import rope_frequencies
-from blockforge.spec.fields import plain_problems
 from blockforge.spec.model import LayerOverride, LayerRules, LayerSettings, ModelSpec, ResolvedSpec, RopeScaling
 from blockforge.spec.resolve import resolve
 
@@ -218,17 +219,73 @@ def _say_precision(hf_model: nn.Module, what: str) -> None:
              "a float32 copy of it")
 
 
-def from_hf_llama(hf_model: nn.Module) -> nn.Module:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")  # what a tokenizer is saved as
+
+
+def load_hf_folder(folder: str | os.PathLike) -> nn.Module:
+    """The causal language model in a local transformers folder, loaded with every weight from its files (a folder
+    whose head or any other weight is missing is refused: transformers would draw it at random)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ConversionError(f"{folder}: no config.json here; give the folder of a transformers model (or the model itself)")
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as err:
+        raise ConversionError(f"{folder}/config.json cannot be read by transformers ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if config.model_type not in DESIGNS:
+        raise ConversionError(f"{folder} holds a model of type '{config.model_type}'; blockforge converts {', '.join(CONVERTED_TYPES)}")
+    try:
+        with quiet_transformers():  # the missing weights are refused below, by name
+            model, info = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, output_loading_info=True)
+    except Exception as err:
+        raise ConversionError(f"{folder}: its weights cannot be loaded ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                              "check model.safetensors") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        head = " (a base model without its language-model head)" if any(name.startswith("lm_head") for name in missing) else ""
+        raise ConversionError(f"{folder} has no weights for {', '.join(missing[:3])}{more}{head}; transformers would draw them at "
+                              "random, so it is not converted")
+    model.hf_folder = folder.resolve()
+    return model.eval()
+
+
+def _source_record(hf_model: nn.Module) -> dict:
+    """What a converted model keeps of its source: its class, where it came from, its precision and generation settings."""
+    config = hf_model.config
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in hf_model.parameters()})
+    generation = getattr(hf_model, "generation_config", None)
+    folder = getattr(hf_model, "hf_folder", None)
+    return {"model_type": config.model_type, "class": type(hf_model).__name__, "name_or_path": getattr(config, "_name_or_path", "") or "",
+            "dtype": dtypes[0] if len(dtypes) == 1 else "float32", "folder": str(folder) if folder is not None else None,
+            "generation_config": generation.to_diff_dict() if generation is not None else {}}
+
+
+def from_hf_llama(hf_model: nn.Module | str | os.PathLike) -> nn.Module:
     """A blockforge llama with the weights of a Hugging Face decoder: Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma,
-    Gemma 2, Gemma 3 (text), Phi-3, SmolLM3 or Granite (DESIGNS says how each is built).
+    Gemma 2, Gemma 3 (text), Phi-3, SmolLM3 or Granite (DESIGNS says how each is built), given as a model or as the
+    path of its local folder.
 
     Every tensor of the source is mapped or the conversion is refused by name; the result is then run
     beside the source on random tokens past its longest window and refused unless the logits agree within 1e-4.
+    The result keeps a record of its source (`hf_source`: class, precision, generation settings, folder), which
+    blockforge.save writes beside it and `--format hf` uses to export it as that class again.
     """
+    if isinstance(hf_model, (str, os.PathLike)):
+        hf_model = load_hf_folder(hf_model)
+    if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
+        raise ConversionError(f"from_hf_llama takes a transformers model (e.g. AutoModelForCausalLM.from_pretrained(folder)) or the path of "
+                              f"its folder, not a {type(hf_model).__name__}")
     what = f"this {type(hf_model).__name__}"
     kind = getattr(hf_model.config, "model_type", None)
     if kind not in DESIGNS:
         raise ConversionError(f"{what} has model_type '{kind}'; from_hf_llama converts {', '.join(CONVERTED_TYPES)}")
+    if not hasattr(hf_model, "model") or hf_model.get_output_embeddings() is None:
+        raise ConversionError(f"{what} is a base model without a language-model head, so it has no logits to convert; give its "
+                              "...ForCausalLM (AutoModelForCausalLM.from_pretrained(folder))")
     design = DESIGNS[kind]
     spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model), _layer_ropes(hf_model)))
     model = build_model(spec)
@@ -282,6 +339,7 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
     model.token_ids = {key: getattr(hf_model.config, key, None) for key in TOKEN_ID_KEYS}  # to_hf_llama gives them back
+    model.hf_source = _source_record(hf_model)
     model.eval()
     tokens = probe_tokens(spec)
     device = next(hf_model.parameters()).device
@@ -299,97 +357,4 @@ def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str, what: s
     copy_weight(target, tensor)
 
 
-def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
-    """What keeps `spec` from being a plain `LlamaForCausalLM` (empty when nothing does)."""
-    layer0 = spec.layers[0]
-    # LlamaForCausalLM has no q/k norms or layer scales, one RoPE base (the model's) and SiLU gates
-    differ, extra = plain_problems(spec, keep_default=("qk_norm", "layer_scale", "rope_theta", "mlp_act"))
-    checks = {
-        f"it is a {spec.family} model": spec.family != "llama",
-        "not every sub-layer is Pre-LN (LlamaForCausalLM has only Pre-LN layers)": not spec.uniform_pre(),
-        "its layers differ in " + ", ".join(differ): bool(differ),
-        "it has " + ", ".join(extra): bool(extra),
-        "it has no final norm": not spec.final_norm,
-        f"it uses {spec.norm}": spec.norm != "rmsnorm" or layer0.norm != "rmsnorm",
-        f"its branches are scaled by {spec.branch_multiplier:.4g} (CompleteP)": spec.branch_multiplier != 1.0,
-        f"its logits are scaled by {spec.readout_multiplier:.4g} (muP)": spec.readout_multiplier != 1.0,
-        f"its logits are multiplied by {spec.logit_multiplier:.4g}": spec.logit_multiplier != 1.0,
-        f"its logits are soft-capped at {spec.logit_softcap}": spec.logit_softcap is not None,
-        f"its embeddings are scaled by {spec.embed_scale:.4g}": spec.embed_scale != 1.0,
-        f"its RMSNorm gains are {spec.norm_weight_offset:g} + w": spec.norm_weight_offset != 0.0,
-        f"its attention scores are scaled by {spec.attention_multiplier(layer0):.4g} beyond 1/sqrt(head_dim) (muP)":
-            spec.attention_multiplier(layer0) != 1.0,
-        "its q/k/v and output biases differ (HF's attention_bias sets all four)": spec.qkv_bias != spec.proj_bias,
-    }
-    return [problem for problem, present in checks.items() if present]
-
-
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
-def token_ids(model: nn.Module) -> dict[str, int | None]:
-    """The bos, eos and pad ids a transformers config of `model` needs: those of the model it was converted from, else
-    those of the tokenizer in the folder it was loaded from (blockforge.load), else none (never transformers' defaults,
-    which in blockforge's own tokenizer name ordinary tokens)."""
-    ids = getattr(model, "token_ids", None)
-    if ids is not None:
-        return dict(ids)
-    folder = getattr(model, "tokenizer_dir", None)
-    if folder is not None:
-        from blockforge.data.tokenizer import load_tokenizer
-
-        return load_tokenizer(folder).special_ids()
-    return dict.fromkeys(TOKEN_ID_KEYS)
-
-
-def to_hf_llama(model: nn.Module) -> nn.Module:
-    """A `LlamaForCausalLM` with the weights of a uniform Pre-LN blockforge llama (GQA, head_dim, biases, llama3 RoPE kept),
-    its config and generation config holding the model's token ids (see `token_ids`)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    spec: ResolvedSpec = model.spec
-    problems = hf_llama_problems(spec)
-    if problems:
-        raise ConversionError("to_hf_llama needs what LlamaForCausalLM computes (uniform Pre-LN RMSNorm layers, a final norm), but " + "; ".join(problems))
-    layer0 = spec.layers[0]
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    if spec.rope_scaling is not None:
-        scaling = spec.rope_scaling
-        rope = {"rope_type": "llama3", "rope_theta": spec.rope_theta, "factor": scaling["factor"], "low_freq_factor": scaling["low_freq_factor"],
-                "high_freq_factor": scaling["high_freq_factor"], "original_max_position_embeddings": scaling["original_context"]}
-    config = LlamaConfig(
-        hidden_size=spec.width, num_hidden_layers=spec.depth, num_attention_heads=layer0.heads, num_key_value_heads=layer0.kv_heads,
-        head_dim=layer0.head_dim, intermediate_size=layer0.ffn, vocab_size=spec.vocab, max_position_embeddings=spec.context,
-        rms_norm_eps=spec.norm_eps, rope_parameters=rope, tie_word_embeddings=spec.tie_embeddings,
-        attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias, **token_ids(model),
-    )
-    hf_model = LlamaForCausalLM(config)
-    hf_model.generation_config.update(**token_ids(model))
-    dst = hf_model.model
-    q_rows, k_rows = layer0.heads * layer0.head_dim, layer0.kv_heads * layer0.head_dim
-    copy_weight(dst.embed_tokens.weight, model.embed.weight)
-    for block, layer in zip(model.layers, dst.layers, strict=True):
-        attn = layer.self_attn
-        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
-            q, k, v = getattr(block.attn.branch.qkv, kind).split([q_rows, k_rows, k_rows])
-            copy_weight(getattr(attn.q_proj, kind), _interleaved_to_half_split(q, layer0.heads))
-            copy_weight(getattr(attn.k_proj, kind), _interleaved_to_half_split(k, layer0.kv_heads))
-            copy_weight(getattr(attn.v_proj, kind), v)
-        copy_weight(attn.o_proj.weight, block.attn.branch.proj.weight)
-        if spec.proj_bias:
-            copy_weight(attn.o_proj.bias, block.attn.branch.proj.bias)
-        copy_weight(layer.input_layernorm.weight, block.attn.in_norm.weight)
-        copy_weight(layer.post_attention_layernorm.weight, block.mlp.in_norm.weight)
-        for kind in ("weight", "bias") if spec.mlp_bias else ("weight",):
-            gate, up = getattr(block.mlp.branch.gate_up, kind).split(layer0.ffn)
-            copy_weight(getattr(layer.mlp.gate_proj, kind), gate)
-            copy_weight(getattr(layer.mlp.up_proj, kind), up)
-            copy_weight(getattr(layer.mlp.down_proj, kind), getattr(block.mlp.branch.down, kind))
-    copy_weight(dst.norm.weight, model.final_norm.weight)
-    if not spec.tie_embeddings:
-        copy_weight(hf_model.lm_head.weight, model.head.weight)
-    hf_model.eval()
-    tokens = probe_tokens(spec)
-    with torch.no_grad(), evaluating(_float32_copy(model)) as reference:
-        check_same_outputs(hf_model(tokens).logits, reference(tokens), "to_hf_llama")
-    return hf_model

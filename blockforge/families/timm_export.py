@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from blockforge.io import read_json
-from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs
+from blockforge.families.conversion import ConversionError, TensorSource, check_same_outputs, rounded_to
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.vit_timm import timm_names
 from blockforge.spec.fields import plain_problems
@@ -122,17 +122,19 @@ def config(spec: ResolvedSpec, preprocess: dict) -> dict:
     }
 
 
-def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str) -> None:
-    """The timm folder of `model` (loaded from the native export `native_dir`) in `out_dir`."""
+def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str, dtype: torch.dtype | None = None) -> None:
+    """The timm folder of `model` (loaded from the native export `native_dir`) in `out_dir`, its weights at `dtype`
+    (default float32)."""
     spec: ResolvedSpec = model.spec
-    tensors = timm_tensors(model)
+    dtype = dtype or torch.float32
+    tensors = {name: tensor.to(dtype) for name, tensor in timm_tensors(model).items()}
     preprocess = preprocessing(native_dir, spec)
     with staging(out_dir) as stage:
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
         (stage / "config.json").write_text(json.dumps(config(spec, preprocess), indent=2) + "\n")
         copy_records(native_dir, stage)
         (stage / "README.md").write_text(front_matter(library_name="timm", pipeline_tag="image-classification", tags="[blockforge]") + card)
-        verify(stage, model)
+        verify(stage, model, dtype)
         publish(stage, out_dir)
 
 
@@ -147,30 +149,44 @@ def timm_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def overlay(spec: ResolvedSpec, preprocess: dict, file: str) -> dict:
+    """The by-name call's pretrained_cfg_overlay: the weights file, the classes (else timm drops the head) and how inputs
+    are prepared (else timm takes the registered architecture's mean, std, interpolation and crop)."""
+    return {"file": file, "num_classes": spec.classes, "input_size": (spec.channels, spec.image_size, spec.image_size),
+            "mean": tuple(preprocess["mean"]), "std": tuple(preprocess["std"]), "interpolation": preprocess["interpolation"],
+            "crop_pct": preprocess["crop_pct"], "crop_mode": "center"}
+
+
 def create_by_name(stage: Path, spec: ResolvedSpec) -> nn.Module:
-    """The documented by-name call: the weights file in the overlay, with the classes (else timm drops the head)."""
+    """The documented by-name call, with the overlay config.json's pretrained_cfg gives."""
     import timm
 
-    overlay = {"file": str(stage / "model.safetensors"), "num_classes": spec.classes,
-               "input_size": (spec.channels, spec.image_size, spec.image_size)}
-    return timm.create_model(ARCHITECTURE, pretrained=True, pretrained_cfg_overlay=overlay, **model_args(spec))
+    pretrained = json.loads((stage / "config.json").read_text())["pretrained_cfg"]
+    return timm.create_model(ARCHITECTURE, pretrained=True, pretrained_cfg_overlay=overlay(spec, pretrained, str(stage / "model.safetensors")),
+                             **model_args(spec))
 
 
-def verify(stage: Path, model: nn.Module) -> None:
-    """Both documented ways of loading the staged folder load every tensor (strictly) and give blockforge's logits."""
+def verify(stage: Path, model: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+    """Both documented ways of loading the staged folder load every tensor (strictly), prepare inputs as training did
+    and give blockforge's logits (on the weights as written)."""
     import timm
 
     spec: ResolvedSpec = model.spec
     images = torch.randn(2, spec.channels, spec.image_size, spec.image_size, generator=torch.Generator().manual_seed(0))
+    data_configs = []
     with torch.no_grad():
-        expected = model(images)
+        expected = rounded_to(model, dtype)(images)
         for load in (lambda: create_by_name(stage, spec), lambda: timm.create_model(f"local-dir:{stage}", pretrained=True)):
             try:
                 loaded = load()
             except RuntimeError as err:  # timm's strict load: missing or unexpected keys, other shapes
                 raise ConversionError(f"timm does not load the written folder ({str(err).splitlines()[0]}); refused") from None
             strict_reload(loaded, stage)
-            check_same_outputs(loaded.eval()(images), expected, "the written timm folder", cause=CAUSE)
+            check_same_outputs(loaded.eval().float()(images), expected, "the written timm folder", cause=CAUSE)
+            resolved = timm.data.resolve_data_config({}, model=loaded)
+            data_configs.append({key: tuple(value) if isinstance(value, list) else value for key, value in resolved.items()})
+    if data_configs[0] != data_configs[1]:
+        raise ConversionError(f"timm prepares inputs differently by name ({data_configs[0]}) and from the folder ({data_configs[1]}); refused")
 
 
 def strict_reload(loaded: nn.Module, stage: Path) -> None:
@@ -184,12 +200,14 @@ def strict_reload(loaded: nn.Module, stage: Path) -> None:
     if missing or unexpected or misshapen:
         raise ConversionError(f"the written timm folder does not match timm's model (missing {missing[:3]}, unexpected {unexpected[:3]}, "
                               f"other shapes {misshapen[:3]}); refused")
-    if not all(torch.equal(held[name].cpu(), saved[name]) for name in saved):
+    if not all(torch.equal(held[name].cpu().to(saved[name].dtype), saved[name]) for name in saved):
         raise ConversionError("timm changed tensors while loading the written folder; refused")
 
 
-def usage(spec: ResolvedSpec) -> str:
+def usage(spec: ResolvedSpec, native_dir: Path) -> str:
     args = ", ".join(f"{key}={value!r}" for key, value in model_args(spec).items())
+    given = {key: value for key, value in overlay(spec, preprocessing(native_dir, spec), "FILE").items() if key != "file"}
+    settings = ", ".join(f"{key}={value!r}" for key, value in given.items())
     return f"""This folder is timm `VisionTransformer` weights (config.json in timm's hub layout); its logits equal `blockforge.load`'s.
 config.json's pretrained_cfg holds the input size, mean and std training used, so timm prepares images the same way.
 
@@ -198,9 +216,10 @@ import timm
 
 model = timm.create_model("local-dir:path/to/this/folder", pretrained=True)
 transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))  # PIL image -> input tensor
-# or by name, every size given (num_classes in the overlay too, else timm drops the head):
+# or by name, every size given, and in the overlay the classes (else timm drops the head) and the preprocessing
+# (else timm takes {ARCHITECTURE}'s own mean, std, interpolation and crop):
 model = timm.create_model("{ARCHITECTURE}", pretrained=True,
-                          pretrained_cfg_overlay=dict(file="path/to/this/folder/model.safetensors", num_classes={spec.classes}),
+                          pretrained_cfg_overlay=dict(file="path/to/this/folder/model.safetensors", {settings}),
                           {args})
 ```
 """

@@ -46,11 +46,11 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 @torch.no_grad()
 def generate(
     model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-    top_p: float | None = None, seed: int | None = None, eos_id: int | None = None, use_cache: bool = True,
+    top_p: float | None = None, seed: int | None = None, eos_id: int | list[int] | None = None, use_cache: bool = True,
     on_token: Callable[[torch.Tensor], None] | None = None, cache: KVCache | None = None,
 ) -> torch.Tensor:
     """`tokens` (B, T) followed by up to `max_new_tokens` sampled ids (B, T + n); stops early when every row
-    produced `eos_id`. `on_token` receives each new column (B,) as it is chosen (for streaming). `cache`: an empty
+    produced `eos_id` (or one of them, given a list). `on_token` receives each new column (B,) as it is chosen (for streaming). `cache`: an empty
     KVCache to fill (to look at afterwards); by default a new one."""
     if tokens.dim() == 1:
         tokens = tokens[None]
@@ -64,6 +64,7 @@ def generate(
     generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
     was_training = model.training
     model.eval()
+    stops = None if eos_id is None else torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=tokens.device)
     if use_cache and cache is None:
         cache = KVCache(len(model.layers))
     elif not use_cache:
@@ -78,14 +79,14 @@ def generate(
             else:
                 probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
                 chosen = torch.multinomial(probs, 1, generator=generator)[:, 0]
-            if eos_id is not None:
-                chosen = torch.where(finished, torch.full_like(chosen, eos_id), chosen)
-                finished |= chosen == eos_id
+            if stops is not None:
+                chosen = torch.where(finished, torch.full_like(chosen, int(stops[0])), chosen)
+                finished |= torch.isin(chosen, stops)
             out = torch.cat((out, chosen[:, None]), dim=1)
             step_input = chosen[:, None]
             if on_token is not None:
                 on_token(chosen)
-            if eos_id is not None and bool(finished.all()):
+            if stops is not None and bool(finished.all()):
                 break
     finally:
         model.train(was_training)

@@ -58,7 +58,7 @@ def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None
 
 def export_best(
     search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
-    pick: int | None = None, under: str | None = None,
+    pick: int | None = None, under: str | None = None, dtype: str | None = None,
 ) -> Path:
     """Export cell `cell`'s winner (the best mean over its replicates after confirmation, its base-seed run), or with a
     cost axis the front point `pick` or the best within `under`, in `format`."""
@@ -120,4 +120,4 @@ Verdict against Pre-LN: **{evidence.verdict}** ({'; '.join(filter(None, [evidenc
 
 {trials}
 """
-    return export_run(run_dir, out, extra_card=extra, format=format)
+    return export_run(run_dir, out, extra_card=extra, format=format, dtype=dtype)

@@ -127,19 +127,27 @@ def exports(tmp_path_factory, bpe):
     return get
 
 
+# What a transformers class of its own computes leaves as that class (families/hf_native.py); the rest ships the modeling file.
+NATIVE = {"window": "MistralForCausalLM", "qk_norm": "Qwen3ForCausalLM", "q/k/v biases only": "Qwen2ForCausalLM",
+          "olmo2-style: norms after each branch, q/k norms over the projection": "Olmo2ForCausalLM",
+          "smollm3-style: no RoPE in every fourth layer": "SmolLM3ForCausalLM", "granite-style multipliers": "GraniteForCausalLM",
+          "windows by pattern + gqa": "SmolLM3ForCausalLM"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_knob_loads_and_computes_blockforges_logits_and_tokens(exports, case):
     src, out = exports(case)
     model = loaded(out, trust_remote_code=True)
-    assert type(model).__name__ == "BlockforgeForCausalLM"
+    assert type(model).__name__ == NATIVE.get(case, "BlockforgeForCausalLM")
     ours = blockforge.load(src).eval()
-    assert set(model.state_dict()) == set(ours.state_dict())  # blockforge's own names: loaded without renaming
+    if case not in NATIVE:
+        assert set(model.state_dict()) == set(ours.state_dict())  # blockforge's own names: loaded without renaming
     assert largest_difference(model, ours) <= TOL
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     assert_same_greedy_tokens(model, ours, tokenizer)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [case for case in CASES if case not in NATIVE])
 def test_the_config_holds_each_layers_knobs_as_built(exports, case):
     src, out = exports(case)
     config = json.loads((out / "config.json").read_text())
