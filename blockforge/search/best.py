@@ -26,7 +26,7 @@ def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
 
 def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None):
     """The front point `pick` (numbered as summary.md lists them), or the best quality among front points within the
-    budget `under` ('COST=X'): a search with a cost axis only."""
+    budget `under` ('COST=X'), with its number: a search with a cost axis only."""
     from blockforge.search.pareto import front_evidence
 
     if not plan.costs:
@@ -38,7 +38,7 @@ def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None
     if pick is not None:
         if not 0 <= pick < len(on):
             raise BlockforgeError(f"--pick {pick}: cell {name}'s front has points 0..{len(on) - 1} (see summary.md)")
-        return on[pick].candidate
+        return on[pick], pick
     cost, sep, text = under.partition("=")
     names = [c for c, _ in plan.costs]
     if not sep or cost not in names:
@@ -53,7 +53,38 @@ def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None
         cheapest = min(p.costs[cost] for p in on) if mode == "min" else max(p.costs[cost] for p in on)
         raise BlockforgeError(f"--under {under}: no front point of cell {name} is within it (the {'least' if mode == 'min' else 'most'} is {cheapest:g})")
     sign = 1.0 if plan.mode == "min" else -1.0
-    return min(within, key=lambda p: sign * p.candidate.mean).candidate
+    best = min(within, key=lambda p: sign * p.candidate.mean)
+    return best, on.index(best)
+
+
+def _card_search_section(plan, evidence, name: str, chosen, point, number: int | None, seed: int, note: str, how: str) -> str:
+    """What the card says of the search: which model these weights are (the cell's winner, or front point N with its
+    costs), its replicates, and how it compares (with Pre-LN where the search compares placements), naming the method."""
+    from blockforge.search.evidence import METHOD, describe, verdict
+
+    if chosen is None:
+        return f"No model of cell `{name}` reached the full budget in the search; these weights are its furthest pruned trial ({note})."
+    if point is None:
+        which = (f"The winner of cell `{name}` in search `{plan.name}` (objective {plan.mode} {plan.metric}): {describe(chosen)}, the best "
+                 f"mean over its training seeds after confirmation, {chosen.spread()}.")
+    else:
+        costs = ", ".join(f"{cost} {value:,.6g}" for cost, value in point.costs.items())
+        which = (f"Point {number} of cell `{name}`'s front in search `{plan.name}` ({how}): {describe(chosen)}, {plan.metric} "
+                 f"{chosen.spread()}; its costs: {costs}.")
+        if evidence.winner is not None and chosen is not evidence.winner:
+            diff = evidence.difference_to(chosen, evidence.winner)
+            which += (f" Against the cell's best mean ({describe(evidence.winner)}): {diff.text() if diff else 'no common seed'} "
+                      f"({verdict(diff, plan.mode)}).")
+    lines = [which, f"These weights are its seed-{seed} run ({note})."]
+    if plan.against_pre_ln:
+        if chosen is evidence.reference:
+            lines.append("It is the cell's Pre-LN reference.")
+        elif evidence.reference is None:
+            lines.append("No Pre-LN model of the cell was trained to compare with.")
+        else:
+            diff = evidence.difference_to(chosen, evidence.reference)
+            lines.append(f"Against Pre-LN: **{verdict(diff, plan.mode)}** ({diff.text() if diff else 'no common seed'}; {METHOD}).")
+    return "\n\n".join(lines)
 
 
 def export_best(
@@ -64,7 +95,8 @@ def export_best(
     cost axis the front point `pick` or the best within `under`, in `format`."""
     from blockforge.export import check_export_format, export_run
     from blockforge.spec.serialize import load_spec
-    from blockforge.search.report import candidate_table, evidence_by_cell
+    from blockforge.search.evidence import describe, evidence_by_cell
+    from blockforge.search.report import candidate_table
     from blockforge.train.loop import Trainer
 
     search_dir = Path(search_dir)
@@ -72,7 +104,8 @@ def export_best(
     records = Ledger(search_dir / "trials.jsonl").records()
     name = _pick_cell(plan.all_names(), cell, search_dir)
     evidence = evidence_by_cell(plan, records)[name]
-    winner = evidence.winner if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
+    point, number = (None, None) if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
+    winner = evidence.winner if point is None else point.candidate
     if winner is not None:
         base = plan.base_seeds[name]
         seed = base if base in winner.run_dirs else min(winner.run_dirs)
@@ -98,19 +131,19 @@ def export_best(
     note = f"retrained to the full {plan.steps[name]} steps" if (retrain or not full) else f"trained {plan.steps[name]} steps in the search"
     replicates = candidate_table(plan, evidence) if evidence.candidates else "(no replicate reached the full budget)"
     mine = [r for r in records if r.cell == name]
+    alpha = ["alpha", "post-LN layers"] if plan.varies_alpha else []
     trials = markdown_table(
-        ["trial", "stage", "status", "seed", "alpha", "post-LN layers", "steps", plan.metric],
-        [[r.trial, r.stage, r.status, r.seed, fmt(r.alpha), fmt(r.post_ln_layers), r.steps, fmt(r.value)] for r in mine],
+        ["trial", "stage", "status", "seed", *alpha, "model", "steps", plan.metric],
+        [[r.trial, r.stage, r.status, r.seed, *([fmt(r.alpha), fmt(r.post_ln_layers)] if alpha else []), describe(r), r.steps, fmt(r.value)]
+         for r in mine],
     )
+    how = f"--pick {pick}" if pick is not None else f"the best quality on the front within {under}"
     extra = f"""
 ## Search
 
-The winner of cell `{name}` in search `{plan.name}` (objective {plan.mode} {plan.metric}): the best mean over its
-training seeds after confirmation. These weights are its seed-{seed} run ({note}).
+{_card_search_section(plan, evidence, name, winner if full else None, point, number, seed, note, how)}
 
-{evidence.claim()}
-
-Verdict against Pre-LN: **{evidence.verdict}** ({'; '.join(filter(None, [evidence.vs_reference.text() if evidence.vs_reference else '', 'paired t, 95%']))}).
+The cell's answer: {evidence.claim()}
 
 ### Replicates
 

@@ -385,11 +385,11 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     law = fit_alpha_law(points)
     resampled = bootstrap_cells(plan, evidence, points)
     boot = bootstrap_laws(resampled)
-    atomic_write_json(search_dir / "alpha_law.json", {
-        "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
-        "bootstrap": asdict(boot) if boot else None,
-    })
-    if plan.varies_alpha:
+    if plan.varies_alpha:  # a search that varies no alpha has no alpha law to write
+        atomic_write_json(search_dir / "alpha_law.json", {
+            "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
+            "bootstrap": asdict(boot) if boot else None,
+        })
         plot_metric_vs_alpha(plan, records, evidence, search_dir / "metric_vs_alpha.png")
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")

@@ -27,8 +27,9 @@ TENSORBOARD_FOLDER = "tensorboard"
 
 
 def short_names(keys: list[str]) -> dict[str, str]:
-    """Column names for dotted keys: the last part ('model.depth' -> 'depth'), the whole key where two would clash."""
-    last = [key.replace("[", ".").replace("]", "").rsplit(".", 1)[-1] for key in keys]
+    """Column names for dotted keys: the last part with its index ('model.depth' -> 'depth', 'model.layers.ramp.heads[0]' ->
+    'heads[0]'), the whole key where two would clash."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
     return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
 
 
@@ -43,7 +44,8 @@ def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) 
     """One row per trial: the ledger's columns, then one column per cell key and per searched key (ints stay ints)."""
     columns = key_columns(plan)
     costs = list(dict.fromkeys([*(c for c, _ in plan.costs), *plan.constraints]))  # a column per cost
-    fieldnames = COLUMNS[:2] + list(columns.values()) + COLUMNS[2:] + costs
+    ledger = COLUMNS if plan.varies_alpha else [c for c in COLUMNS if c not in ("alpha", "post_ln_layers")]  # no alpha where none varies
+    fieldnames = ledger[:2] + list(columns.values()) + ledger[2:] + costs
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fieldnames, extrasaction="ignore")
     writer.writeheader()

@@ -140,7 +140,9 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert on and (out / "pareto.png").exists() and "## Pareto fronts" in summary
     # no Mix-LN and no placement varies here: no alpha columns, plots or law, and no verdicts against Pre-LN
     assert "Post-LN" not in summary and "Pre-LN" not in summary and "alpha_opt" not in summary and not (out / "metric_vs_alpha.png").exists()
-    assert "kv_cache_bytes" in (out / "results.csv").read_text().splitlines()[0]
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert "kv_cache_bytes" in header and "kv_heads" in header and "alpha" not in header and "post_ln_layers" not in header
+    assert not (out / "alpha_law.json").exists()
     import optuna
 
     from blockforge.search.views import optuna_storage
@@ -151,6 +153,9 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert main(["export", str(out), "--pick", "0", "--out", str(tmp_path / "pick")]) == 0
     picked = blockforge.load(tmp_path / "pick").spec
     assert {layer.kv_heads for layer in picked.layers} == {on[0]["overrides"]["model.kv_heads"]}
+    card = (tmp_path / "pick" / "README.md").read_text()  # the card names the point it holds, with its costs
+    assert f"Point 0 of cell `depth=2`'s front" in card and f"kv_heads {on[0]['overrides']['model.kv_heads']}" in card
+    assert f"kv_cache_bytes {on[0]['costs']['kv_cache_bytes']:,.6g}" in card and "Pre-LN" not in card and "The winner of" not in card
     cheapest = min(p["costs"]["kv_cache_bytes"] for p in on)
     assert main(["export", str(out), "--under", f"kv_cache_bytes={cheapest}", "--out", str(tmp_path / "under")]) == 0
     assert main(["export", str(out), "--under", "kv_cache_bytes=10", "--out", str(tmp_path / "none")]) == 2
