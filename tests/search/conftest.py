@@ -70,7 +70,7 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
 
     Every trial handed out "trains" along `curve(config) -> {step: value}`: each evaluation is written to its
     run folder's metrics.jsonl and reported to the scheduler, which may stop it there (then it ends pruned);
-    otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
+    a value of None diverges there; otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
     Returns the configs handed out."""
     import json
     from pathlib import Path
@@ -96,6 +96,11 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
         run_dir.mkdir(parents=True, exist_ok=True)
         result = {}
         for step, value in sorted(curve(config).items()):
+            if value is None:  # the run diverged here: it reports the penalty and the flag, and ends
+                result = {OBJECTIVE: searcher.plan.penalty, "step": step, "diverged": True}
+                searcher.on_trial_result(trial_id, result)
+                scheduler.on_trial_result(None, Trial(trial_id, config), result)
+                break
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "event": "eval", "val_loss": value}) + "\n")
             result = {OBJECTIVE: value, "val_loss": value, "step": step}
