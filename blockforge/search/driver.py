@@ -172,9 +172,17 @@ class ProgressView:
     """A compact live view: counts by status and the best trial per cell, on every completion (throttled)."""
 
     def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0):
-        self.ledger, self.plan, self.every_s = ledger, plan, every_s  # no stream held: Tune pickles callbacks
+        self.path, self.plan, self.every_s = ledger.path, plan, every_s  # no stream held: Tune pickles callbacks
         self.started = time.time()
         self.last = 0.0
+        self.journal = None  # views.LiveJournal, opened at the first update
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "journal": None}
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger.opened(self.path)  # the searcher's: read once, appended to
 
     def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
         records = self.ledger.records() if records is None else records
@@ -191,12 +199,25 @@ class ProgressView:
         from blockforge.search.report import evidence_by_cell, rung_line
 
         parts = []
-        for cell, e in evidence_by_cell(self.plan, records).items():
+        for cell, e in self._evidence(records).items():
             if e.winner is not None:
                 against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.against_pre_ln and e.vs_reference and e.verdict != "Pre-LN" else ""
                 rung = rung_line(self.plan, records, cell)
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
+
+    def _evidence(self, records: list[TrialRecord]) -> dict:
+        """Each cell's evidence: the cells' own (recomputed only when a cell got a result) while the searcher runs here."""
+        from blockforge.search.cell import SearchContext
+        from blockforge.search.evidence import min_seeds
+        from blockforge.search.report import evidence_by_cell
+
+        try:
+            cells = SearchContext.of(str(self.path.parent), self.plan).cells
+        except RuntimeError:
+            return evidence_by_cell(self.plan, records)
+        return {name: cell.evidence(min_seeds(self.plan), against_pre_ln=self.plan.against_pre_ln)
+                for name, cell in cells.items() if name in self.plan.cell_names()}
 
     def update(self, force: bool = False, tune_trials: list | None = None, journal: bool = True) -> None:
         now = time.time()
@@ -205,9 +226,11 @@ class ProgressView:
             records = self.ledger.records()
             print(self.line(tune_trials, records), flush=True)
             if journal:
-                from blockforge.search.views import write_optuna_storage
+                from blockforge.search.views import LiveJournal
 
-                write_optuna_storage(self.ledger.path.parent, self.plan, records)  # optuna-dashboard follows the search
+                if self.journal is None:
+                    self.journal = LiveJournal(self.path.parent, self.plan)
+                self.journal.update(self.ledger)  # optuna-dashboard follows the search: new trials appended
 
 
 def _tune_callback(view: ProgressView):
@@ -465,7 +488,7 @@ def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address
         if started["fingerprint"] != plan.fingerprint():
             raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
                                   f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
-    ledger = Ledger(search_dir / "trials.jsonl")
+    ledger = Ledger.reopen(search_dir / "trials.jsonl")  # the searcher opens it again when it starts
     with Interrupts(resume_command(path, search_dir, overrides)) as interrupts:
         started_here = ensure_ray(address)
         try:
@@ -488,6 +511,7 @@ def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address
             raise
         finally:
             try:
+                ledger = Ledger.opened(search_dir / "trials.jsonl")  # the searcher's, which holds what it appended
                 if interrupts.phase != "start":
                     ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
             except OSError:
@@ -552,7 +576,8 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
 
     from blockforge.search.config import OBJECTIVE
     from blockforge.search.evidence import t_quantile
-    from blockforge.search.searcher import CellScheduler, CellSearcher
+    from blockforge.search.scheduler import CellScheduler
+    from blockforge.search.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
     trainable = _trainable(plan, search_dir)

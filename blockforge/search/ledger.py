@@ -1,14 +1,17 @@
 """The search's own record of trials: one JSON line per event, the last line per trial wins.
 
 Ray Tune keeps its experiment state for resuming; this ledger is what results.csv, the summary, the
-plots and `blockforge export` read. It is append-only, so a killed driver loses nothing it wrote.
+plots and `blockforge export` read. It is append-only, so a killed driver loses nothing it wrote. A
+driver reads it once (at start or resume), holds the latest record of every trial, and appends: no
+event re-reads the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +21,26 @@ COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers"
            "model", "identity", "duplicate_of", "note"]
 
 
+class StageName(str, Enum):
+    """The one stage vocabulary: ledger records, the searcher's stages, compute plans and reports. A trial record's
+    stage is explore, confirm (a finalist's replicate, racing's and promotion's included) or transfer."""
+
+    EXPLORE = "explore"
+    CONFIRM = "confirm"
+    RACING = "racing"
+    PROMOTION = "promotion"
+    TRANSFER = "transfer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class TrialRecord:
     cell: str
     trial: int  # the trial's number within its cell (exploration: the Optuna trial number)
     status: str  # a blockforge.train.events.Status value
-    stage: str = "explore"  # explore (sampled, maybe stopped early) | confirm (a finalist's replicate, full budget)
+    stage: str = StageName.EXPLORE.value  # a StageName value: explore | confirm | transfer
     seed: int = 0  # train.seed
     model: str = ""  # the model's identity, the seed aside: replicates of one model share it
     uniform_pre: bool = False  # every layer Pre-LN: the reference the verdicts compare with
@@ -40,15 +57,80 @@ class TrialRecord:
     duplicate_of: int | None = None
     run_dir: str = ""
     note: str = ""
+    promoted: str = ""  # why a pruned model was brought back to the full budget (empty: it was not); a finalist from then on
+
+
+FIELDS = {f.name for f in fields(TrialRecord)}
+LEGACY_PROMOTED = "promoted:"  # ledgers written before `promoted` was a field kept the reason as the note's start
+
+
+def parse_record(line: str) -> TrialRecord | None:
+    """A ledger line as a record; None for a blank line or one cut short by a kill."""
+    try:
+        data = json.loads(line)
+        record = TrialRecord(**{k: v for k, v in data.items() if k in FIELDS})
+    except (ValueError, TypeError):
+        return None
+    if "promoted" not in data and isinstance(record.note, str) and record.note.startswith(LEGACY_PROMOTED):
+        record.promoted = record.note  # an old ledger: its promotion, as the field says it now
+    return record
 
 
 class Ledger:
+    """trials.jsonl: read once when first asked, then held (the latest record of every trial) and appended to.
+
+    In a driver one instance per file holds it (`Ledger.opened`): the searcher opens it anew when it starts or
+    resumes (`Ledger.reopen`), and the scheduler, the live view and the reports read the same one.
+    """
+
+    _open: dict[str, "Ledger"] = {}
+
+    @classmethod
+    def reopen(cls, path: str | Path) -> "Ledger":
+        """A new instance for `path`, read from the file when first asked, and the one `opened` returns from now on."""
+        ledger = cls(path)
+        cls._open[str(Path(path).resolve())] = ledger
+        return ledger
+
+    @classmethod
+    def opened(cls, path: str | Path) -> "Ledger":
+        """The instance this process holds for `path` (a new one if none)."""
+        return cls._open.get(str(Path(path).resolve())) or cls.reopen(path)
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._latest: dict[tuple[str, int], TrialRecord] | None = None
+        self._sorted: list[TrialRecord] | None = None
+        self._appended: list[TrialRecord] = []  # what this instance appended, in order
+
+    @property
+    def appended(self) -> int:
+        """How many records this instance has appended (a position for `since`)."""
+        return len(self._appended)
+
+    def since(self, position: int) -> list[TrialRecord]:
+        """The records appended after `position` (an earlier `appended`), in order."""
+        return self._appended[position:]
+
+    def __getstate__(self) -> dict:  # Tune pickles what holds a ledger: the path, not the records
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+    def _held(self) -> dict[tuple[str, int], TrialRecord]:
+        if self._latest is None:
+            self._latest = {}
+            if self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    record = parse_record(line)
+                    if record is not None:  # a cut line: the trial's previous record stands
+                        self._latest[(record.cell, record.trial)] = record
+        return self._latest
 
     def append(self, record: TrialRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps(asdict(record)) + "\n").encode()
+        line = (json.dumps(asdict(record), default=str) + "\n").encode()
         with open(self.path, "ab+") as f:
             end = f.seek(0, os.SEEK_END)
             if end:
@@ -56,23 +138,19 @@ class Ledger:
                 if f.read(1) != b"\n":
                     line = b"\n" + line  # a line cut short by a kill stays on its own, not glued to this one
             f.write(line)
+        self._held()[(record.cell, record.trial)] = record
+        self._appended.append(record)
+        self._sorted = None
 
     def records(self) -> list[TrialRecord]:
         """The latest record of every trial, in cell then trial order."""
-        if not self.path.exists():
-            return []
-        latest: dict[tuple[str, int], TrialRecord] = {}
-        for line in self.path.read_text().splitlines():
-            try:
-                record = TrialRecord(**json.loads(line))
-            except (ValueError, TypeError):  # blank, or cut short by a kill: the trial's previous record stands
-                continue
-            latest[(record.cell, record.trial)] = record
-        return sorted(latest.values(), key=lambda r: (r.cell, r.trial))
+        if self._sorted is None:
+            self._sorted = sorted(self._held().values(), key=lambda r: (r.cell, r.trial))
+        return list(self._sorted)
 
     def latest(self, cell: str, trial: int) -> TrialRecord | None:
         """The latest record of trial `trial` of `cell`, if any."""
-        return next((r for r in self.records() if r.cell == cell and r.trial == trial), None)
+        return self._held().get((cell, trial))
 
     def mark_interrupted(self, note: str) -> list[TrialRecord]:
         """Every trial still recorded as running ends as interrupted (a resumed search takes it up again)."""

@@ -175,3 +175,34 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
         writer.close()
         (folder / ".source").write_text(stamp)
     return True
+
+
+class LiveJournal:
+    """optuna.journal while the search runs: written whole once, then each newly finished trial appended, so keeping
+    optuna-dashboard current costs what the new trials cost, not the whole ledger again."""
+
+    def __init__(self, search_dir: Path, plan: SearchPlan):
+        self.search_dir, self.plan = Path(search_dir), plan
+        self.storage = None
+        self.added: set[tuple[str, int]] = set()
+        self.seen = 0  # records the ledger had appended when last looked at
+
+    def update(self, ledger) -> None:
+        import optuna
+
+        if self.storage is None:
+            records = ledger.records()
+            write_optuna_storage(self.search_dir, self.plan, records)
+            self.storage = optuna_storage(self.search_dir / OPTUNA_FILE)
+            self.added = {(r.cell, r.trial) for r in records if _frozen_trial(self.plan, r) is not None}
+            self.seen = ledger.appended
+            return
+        for record in ledger.since(self.seen):
+            key = (record.cell, record.trial)
+            if key in self.added or record.cell not in self.plan.cell_names():
+                continue
+            trial = _frozen_trial(self.plan, record)
+            if trial is not None:
+                optuna.load_study(study_name=record.cell, storage=self.storage).add_trial(trial)
+                self.added.add(key)
+        self.seen = ledger.appended

@@ -50,16 +50,22 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
 
     from blockforge.search.config import OBJECTIVE
 
-    handed = []
-    for i in range(limit):
+    import time
+
+    handed, idle, i = [], 0, 0
+    while i < limit:
         trial_id = f"{trial_prefix}{i}"
         config = searcher.suggest(trial_id)
         if config == Searcher.FINISHED:
             break
-        if config is None:
+        if config is None:  # nothing to hand out yet: Tune asks again
+            idle += 1
+            assert idle < 20000, "the searcher handed out nothing for too long"
+            time.sleep(0.001)
             continue
+        i, idle = i + 1, 0
         handed.append(config)
-        steps = searcher.live[trial_id]["steps"]
+        steps = searcher.live[trial_id].steps
         value = value_of(config)
         searcher.on_trial_complete(trial_id, {OBJECTIVE: value, "val_loss": value, "step": steps})
     return handed
@@ -73,6 +79,7 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
     a value of None diverges there; otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
     Returns the configs handed out."""
     import json
+    import time
     from pathlib import Path
 
     from ray.tune.search import Searcher
@@ -83,14 +90,18 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
         def __init__(self, trial_id, config):
             self.trial_id, self.config = trial_id, config
 
-    handed = []
-    for i in range(limit):
+    handed, idle, i = [], 0, 0
+    while i < limit:
         trial_id = f"c{i}"
         config = searcher.suggest(trial_id)
         if config == Searcher.FINISHED:
             break
-        if config is None:
+        if config is None:  # nothing to hand out yet (e.g. a transfer target waits for its predictions): Tune asks again
+            idle += 1
+            assert idle < 20000, "the searcher handed out nothing for too long"
+            time.sleep(0.001)
             continue
+        i, idle = i + 1, 0
         handed.append(config)
         run_dir = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"]))
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ import pytest
 
 from blockforge.search.config import load_search
 from blockforge.search.ledger import Ledger
-from blockforge.search.searcher import CellScheduler, CellSearcher
+from blockforge.search.scheduler import CellScheduler
+from blockforge.search.searcher import CellSearcher
 
 from .conftest import drive_curves
 

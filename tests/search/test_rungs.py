@@ -6,7 +6,8 @@ import pytest
 from blockforge.search.config import load_search
 from blockforge.search.ledger import Ledger
 from blockforge.search.rungs import Curve, PrunedCheck, asha_rungs, kendall_tau, margin_behind, rung_checks
-from blockforge.search.searcher import CellScheduler, CellSearcher
+from blockforge.search.scheduler import CellScheduler
+from blockforge.search.searcher import CellSearcher
 
 from .conftest import drive_curves, write_search
 
@@ -103,8 +104,8 @@ def test_a_search_killed_after_a_promotion_keeps_every_decision(tmp_path):
 
     search_dir = str(tmp_path / "search")
     first = CellSearcher(plan, search_dir)
-    drive_curves(first, CellScheduler(plan, search_dir), toy_curve, stop_after=lambda handed: any(first.promoted.values()))
-    assert any(first.promoted.values())
+    drive_curves(first, CellScheduler(plan, search_dir), toy_curve, stop_after=lambda handed: any(cell.promoted for cell in first.cells.values()))
+    assert any(cell.promoted for cell in first.cells.values())
     # the driver dies; its Tune state is lost; the ledger and the run folders are what is left
     again = CellSearcher(plan, search_dir, from_ledger=True)
     drive_curves(again, CellScheduler(plan, search_dir), toy_curve)

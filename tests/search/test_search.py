@@ -63,7 +63,8 @@ def test_tpe_asha_search_completes_with_statuses_duplicates_and_reports(tmp_path
 
 def test_asha_compares_only_inside_a_cell(tmp_path):
     from blockforge.search.config import load_search
-    from blockforge.search.searcher import CellScheduler, CellSearcher
+    from blockforge.search.scheduler import CellScheduler
+    from blockforge.search.searcher import CellSearcher
 
     from .conftest import drive_curves
 
@@ -125,12 +126,12 @@ def test_a_search_folder_remembers_its_sets_and_start_directory_and_survives_dam
     assert "changed since" in err and "--set train.eval_batches=1" in err and len(err.strip().splitlines()) == 1
     # A line cut short by a kill is skipped, and the next record starts a line of its own.
     ledger = Ledger(out / "trials.jsonl")
-    before = ledger.records()
+    before = Ledger(out / "trials.jsonl").records()
     with open(out / "trials.jsonl", "a") as f:
         f.write('{"cell": "depth=2", "tri')
-    assert ledger.records() == before
+    assert Ledger(out / "trials.jsonl").records() == before
     ledger.append(before[0])
-    assert ledger.records() == before
+    assert Ledger(out / "trials.jsonl").records() == before
     assert main(["search", str(path), *sets, "--out", str(out), "--resume"]) == 0
     # Export from elsewhere rebuilds the plan with the --set and the start directory (the corpus is relative).
     monkeypatch.chdir("/")
@@ -155,15 +156,14 @@ def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_sess
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ledger = Ledger(out / "trials.jsonl")
     deadline = time.time() + 240
     while time.time() < deadline:
-        if any(r.status == "completed" for r in ledger.records()):
+        if any(r.status == "completed" for r in Ledger(out / "trials.jsonl").records()):
             break
         time.sleep(0.2)
     os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, as a crash would
     driver.wait()
-    finished = [r for r in ledger.records() if r.status == "completed"]
+    finished = [r for r in Ledger(out / "trials.jsonl").records() if r.status == "completed"]
     assert finished, "the driver was killed before any trial finished"
     stamps = {r.identity: os.stat(out / "trials" / "depth=4" / r.identity / "result.json").st_mtime_ns for r in finished}
 
@@ -340,15 +340,14 @@ def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_p
     out = tmp_path / "out"
     driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=dict(os.environ),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ledger = Ledger(out / "trials.jsonl")
     deadline = time.time() + 240
     while time.time() < deadline:
-        if any(r.stage == "confirm" and r.status == "completed" for r in ledger.records()):
+        if any(r.stage == "confirm" and r.status == "completed" for r in Ledger(out / "trials.jsonl").records()):
             break
         time.sleep(0.2)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    finished = [r for r in ledger.records() if r.status == "completed"]
+    finished = [r for r in Ledger(out / "trials.jsonl").records() if r.status == "completed"]
     assert any(r.stage == "confirm" for r in finished), "the driver was killed before confirmation"
     stamps = {r.identity: os.stat(Path(r.run_dir) / "result.json").st_mtime_ns for r in finished}
 

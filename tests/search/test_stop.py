@@ -130,8 +130,7 @@ def test_resume_after_sigkill_keeps_pruned_trials_pruned(tmp_path, ray_session):
                         overrides={"train.steps": 60, "train.checkpoint_every": 10})
     out = tmp_path / "out"
     driver = start_driver(path, out, tmp_path)
-    ledger = Ledger(out / "trials.jsonl")
-    wait_for(lambda: any(r.status == "pruned" for r in ledger.records()), 240, "a pruned trial")
+    wait_for(lambda: any(r.status == "pruned" for r in Ledger(out / "trials.jsonl").records()), 240, "a pruned trial")
     processes = ray_family_of(driver.pid)
     agents = [pid for pid in processes if b"Agent" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert agents, processes  # Ray's agents (whose environment may not show the mark) are found by descent
@@ -139,7 +138,7 @@ def test_resume_after_sigkill_keeps_pruned_trials_pruned(tmp_path, ray_session):
     driver.wait()
     gone = wait_for(lambda: not alive(processes), 10, "the killed driver's Ray processes (its agents too) to end")
     print(f"Ray processes gone {gone:.1f} s after SIGKILL")
-    pruned = {(r.trial, r.identity): r.steps for r in ledger.records() if r.status == "pruned"}
+    pruned = {(r.trial, r.identity): r.steps for r in Ledger(out / "trials.jsonl").records() if r.status == "pruned"}
     assert pruned
 
     outcome = run_search(path, out=out, resume=True, progress_every_s=0)

@@ -1,0 +1,289 @@
+"""One cell of a search: its pipeline of stages and everything it holds while the search runs.
+
+A cell numbers its trials, queues those its stages ask for, recognizes a trial whose identity already ran (a free
+duplicate) or runs now (it waits for its twin), continues a run a stopped driver lost under its number, and keeps
+the latest ledger record of each of its trials, so nothing it decides reads the ledger file again. The searcher
+(searcher.py) only hands Tune's calls to the right cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blockforge.search.config import SearchPlan, trial_dir, trial_identity
+from blockforge.search.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial
+from blockforge.train.events import Status
+
+TRAINED_END = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
+
+
+@dataclass
+class SearchContext:
+    """What the cells of one search share: the plan, the folder and its ledger, the trials running (by Tune id).
+
+    The searcher registers its context by the search folder (`register`), where the scheduler finds the cells
+    (`SearchContext.of`): Tune keeps searcher and scheduler apart, and restores the searcher by unpickling it."""
+
+    plan: SearchPlan
+    search_dir: str
+    ledger: Ledger
+    live: dict[str, Trial] = field(default_factory=dict)
+    predictions: object = None  # stages/predictions.Predictions: the transfer targets' (with transfer)
+    cells: dict[str, "Cell"] = field(default_factory=dict)  # every cell of the search, proxies first, by name: the one index
+    serial: int = 0  # numbers the sampler asks across cells
+    cost_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # architecture + micro batch -> computed costs
+
+    _registered = {}
+
+    def register(self) -> None:
+        SearchContext._registered[str(Path(self.search_dir).resolve())] = self
+
+    @classmethod
+    def of(cls, search_dir: str, plan: SearchPlan) -> "SearchContext":
+        found = cls._registered.get(str(Path(search_dir).resolve()))
+        if found is None:
+            raise RuntimeError(f"{search_dir}: no searcher runs this search in this process; create the CellSearcher first")
+        return found
+
+    def proxies(self) -> list["Cell"]:
+        targets = set(self.plan.target_names())
+        return [cell for name, cell in self.cells.items() if name not in targets]
+
+    def proxies_done(self) -> bool:
+        return all(cell.finished for cell in self.proxies())
+
+    def proxy_records(self) -> list[TrialRecord]:
+        return [record for cell in self.proxies() for record in cell.records()]
+
+    def computed_costs(self, recipe) -> dict[str, float]:
+        """The computed costs the search's objectives and constraints name, once per architecture."""
+        from blockforge.search.costs import COMPUTED, computed_costs
+
+        plan = self.plan
+        names = tuple(dict.fromkeys(c for c in [*(c for c, _ in plan.costs), *plan.constraints] if c in COMPUTED))
+        key = f"{recipe.spec.arch_hash()}|{recipe.train.micro_batch}"
+        if key not in self.cost_cache:
+            self.cost_cache[key] = computed_costs(recipe, names)
+        return dict(self.cost_cache[key])
+
+
+class Cell:
+    def __init__(self, context: SearchContext, name: str, stages: list[Stage], records: list[TrialRecord]):
+        self.context, self.plan, self.name = context, context.plan, name
+        self.stages = stages
+        self.base_seed = self.plan.base_seeds[name]
+        self.latest = {r.trial: r for r in records if r.cell == name}  # the latest record of each of its trials
+        self.asked = 0  # trial numbers handed out
+        self.queue: list[Trial] = []  # trials its stages queued, not started yet
+        self.running: set[str] = set()  # Tune ids of its trials running now
+        self.done: dict[str, Outcome] = {}  # identity -> the outcome that counts for it
+        self.waiting: dict[str, list[Trial]] = {}  # identity -> twins of a running trial, settled when it ends
+        self.orphans: dict[str, int] = {}  # identity -> number of a trial a stopped driver lost while it ran
+        self.finalists: list[Finalist] = []  # confirmation's models, promoted ones included
+        self.extra_seeds = 0  # further seeds its finalists have so far
+        self.promoted = {r.model: r.promoted for r in self.latest.values() if r.promoted}  # model -> why it was brought back
+        self.finished = False
+        self._evidence = None
+        self._rungs = None  # scheduler.RungTable, built when the scheduler first asks
+
+    def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
+        return {**self.__dict__, "_evidence": None, "_rungs": None, "latest": {}}
+
+    def rung_table(self):
+        """The cell's rungs for the scheduler: read from the run folders once, then kept up to date."""
+        from blockforge.search.scheduler import RungTable
+
+        if self._rungs is None:
+            self._rungs = RungTable(self.plan, self)
+        return self._rungs
+
+    # ---- the pipeline -------------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the cell has a trial to hand out now; when it is idle, its stages are asked in order for more."""
+        if self.finished:
+            return False
+        lead = self.stages[0]
+        if lead.on_demand and lead.active(self):
+            return True
+        if self.queue:
+            return True
+        if self.busy():
+            return False
+        for stage in self.stages:
+            opened = stage.open(self)
+            if opened is None:
+                return False  # waits (a transfer target, for its proxy cells)
+            if opened:
+                return bool(self.queue)
+        self.finished = True
+        return False
+
+    def next(self, trial_id: str) -> dict | None:
+        """The config of the trial to run next (None: the proposal needed no training)."""
+        lead = self.stages[0]
+        if lead.on_demand and lead.active(self):
+            return lead.propose(self, trial_id)
+        return self.launch(self.queue.pop(0), trial_id)
+
+    def stage_of(self, trial: Trial) -> Stage:
+        """The stage a trial's outcome goes to: exploration for explored ones, else the last stage of its kind."""
+        return next((s for s in self.stages if s.name == trial.stage), self.stages[-1])
+
+    def busy(self) -> bool:
+        return bool(self.running) or any(self.waiting.values())
+
+    # ---- trials -------------------------------------------------------------------------------------------
+
+    def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "") -> Trial:
+        number = self.asked
+        self.asked += 1
+        return Trial(self.name, number, stage, searched, self.plan.seed_overrides(self.name, searched, seed), seed, note=note, promoted=promoted)
+
+    def identify(self, trial: Trial) -> None:
+        """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities, shape and costs."""
+        recipe = self.plan.recipe(trial.overrides)
+        spec = recipe.spec
+        mix = recipe.model.layers.mix_ln
+        trial.identity, trial.model = trial_identity(recipe), trial_identity(recipe, with_seed=False)
+        trial.alpha, trial.post_ln_layers, trial.uniform_pre = (mix.alpha if mix is not None else None), spec.post_ln_count(), spec.uniform_pre()
+        trial.steps = recipe.train.steps
+        if self.plan.costs or self.plan.constraints:
+            trial.costs = self.context.computed_costs(recipe)
+
+    def broken_constraint(self, trial: Trial) -> str:
+        """'' when the candidate keeps every constraint, else a sentence saying which it breaks."""
+        for cost, (low, high) in self.plan.constraints.items():
+            value = trial.costs[cost]
+            if (high is not None and value > high) or (low is not None and value < low):
+                bound = f"at most {high:g}" if high is not None and value > high else f"at least {low:g}"
+                return f"infeasible: its {cost} is {value:g}, and the constraint asks for {bound}; not trained"
+        return ""
+
+    def adopt_orphan(self, trial: Trial) -> None:
+        """A new trial of a model whose run a stopped driver lost continues it under its number."""
+        number = self.orphans.pop(trial.identity, None)
+        if number is not None and trial.number == self.asked - 1:
+            self.asked -= 1  # the number just given out goes back
+            trial.number = number
+
+    def launch(self, trial: Trial, trial_id: str) -> dict:
+        self.context.live[trial_id] = trial
+        self.running.add(trial_id)
+        self.append(self.record(trial, Status.RUNNING))
+        # A cell that enumerates its distinct points trains each to the full budget: no early stopping there.
+        explore = self.stages[0]
+        return trial.config(early_stop=not (explore.on_demand and getattr(explore, "enumerated", None) is not None))
+
+    def enqueue(self, searched: dict, seed: int, *, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "") -> None:
+        """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
+        trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted)
+        self.identify(trial)
+        self.adopt_orphan(trial)
+        outcome = self.done.get(trial.identity)
+        if outcome is not None and outcome.status in (Status.COMPLETED, Status.DIVERGED, Status.FAILED):
+            self.asked -= 1  # nothing to run: give the number back
+            return
+        taken = {self.context.live[i].identity for i in self.running} | {t.identity for t in self.queue}
+        if trial.identity in taken:
+            self.asked -= 1
+            return
+        self.queue.append(trial)
+
+    def is_running(self, identity: str) -> bool:
+        return any(self.context.live[i].identity == identity for i in self.running)
+
+    def settle_duplicate(self, trial: Trial, outcome: Outcome) -> None:
+        self.stages[0].tell(self, trial, outcome.status, outcome.value, outcome.record.costs)
+        original = outcome.record
+        self.append(self.record(trial, Status.DUPLICATE, value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome.number,
+                                note=f"same model and settings as trial {outcome.number} ({outcome.status})"))
+
+    def finish(self, trial_id: str, trial: Trial, result: dict, error: bool) -> None:
+        """A trial of this cell ended: record it, tell its stage, and settle the twins that waited for it."""
+        self.running.discard(trial_id)
+        plan = self.plan
+        if error:
+            status, value = Status.FAILED, None
+        elif result.get("diverged"):
+            status, value = Status.DIVERGED, plan.penalty
+        elif result.get("step", 0) < (trial.steps or plan.steps[self.name]):  # before its own budget (cells may differ)
+            status, value = Status.PRUNED, None
+        else:
+            status, value = Status.COMPLETED, result.get("objective")
+        measured = {k.removeprefix("cost_"): v for k, v in result.items() if k.startswith("cost_") and isinstance(v, (int, float))}
+        if measured:
+            trial.costs = {**trial.costs, **measured}
+        metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
+        record = self.record(trial, status, value=result.get(plan.metric) if status != Status.DIVERGED else None,
+                             steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
+                             note="" if status != Status.FAILED else "the trial raised; see its error file under tune/")
+        outcome = Outcome(status, value, trial.number, record, trial)
+        self.stage_of(trial).on_complete(self, trial, outcome)
+        self.append(record)
+        if trial.identity not in self.done or status in (Status.COMPLETED, Status.DIVERGED):  # a pruned run finished later counts in full
+            self.done[trial.identity] = outcome
+        for twin in self.waiting.pop(trial.identity, []):
+            self.settle_duplicate(twin, outcome)
+
+    def record(self, trial: Trial, status: str, **fields) -> TrialRecord:
+        fields["note"] = fields.get("note") or trial.note  # e.g. why a pruned model was brought back
+        return TrialRecord(
+            cell=self.name, trial=trial.number, status=status, stage=trial.stage.value, seed=trial.seed, model=trial.model,
+            uniform_pre=trial.uniform_pre, identity=trial.identity, costs=dict(trial.costs), overrides=dict(trial.searched), alpha=trial.alpha,
+            post_ln_layers=trial.post_ln_layers, metric=self.plan.metric, promoted=trial.promoted,
+            run_dir=str(trial_dir(self.context.search_dir, self.name, trial.identity)) if trial.identity else "", **fields,
+        )
+
+    def append(self, record: TrialRecord) -> None:
+        self.context.ledger.append(record)
+        self.latest[record.trial] = record
+        if record.status in (Status.COMPLETED, Status.DIVERGED):
+            self._evidence = None
+        if self._rungs is not None:
+            if record.status == Status.FAILED:
+                self._rungs.forget(record.trial)
+            elif record.status == Status.COMPLETED and record.value is not None and record.run_dir:
+                from blockforge.search.rungs import Curve, curve_of
+
+                self._rungs.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, self.plan.metric), record.value))
+
+    def records(self) -> list[TrialRecord]:
+        """The latest record of each of the cell's trials, by number."""
+        return [self.latest[n] for n in sorted(self.latest)]
+
+    def evidence(self, min_seeds: int, against_pre_ln: bool = True):
+        """The cell's evidence (evidence.cell_evidence), recomputed only after one of its trials finished."""
+        from blockforge.search.evidence import cell_evidence
+
+        key = (min_seeds, against_pre_ln)
+        if self._evidence is None or self._evidence[0] != key:
+            self._evidence = (key, cell_evidence(self.records(), self.name, mode=self.plan.mode, penalty=self.plan.penalty,
+                                                 min_seeds=min_seeds, against_pre_ln=against_pre_ln))
+        return self._evidence[1]
+
+    # ---- resuming -----------------------------------------------------------------------------------------
+
+    def take_in(self, record: TrialRecord) -> None:
+        """A record the driver's saved state does not know (written after it was saved): its number is not given out
+        again; what it finished counts; one still running ends interrupted and a new proposal of its model continues it."""
+        if record.trial < self.asked:
+            return
+        self.asked = record.trial + 1
+        if record.status in (Status.RUNNING, Status.INTERRUPTED):
+            if record.status == Status.RUNNING:
+                self.append(TrialRecord(**{**record.__dict__, "status": Status.INTERRUPTED,
+                                           "note": "running when the search stopped, before its state was saved"}))
+            self.orphans[record.identity] = record.trial
+            return
+        if record.status not in TRAINED_END or not record.identity:
+            return  # duplicates and invalid proposals cost nothing
+        trial = Trial(self.name, record.trial, StageName(record.stage), dict(record.overrides),
+                      self.plan.seed_overrides(self.name, dict(record.overrides), record.seed), record.seed)
+        self.identify(trial)
+        self.stage_of(trial).taken_in(self, trial, record)
+        if trial.identity not in self.done or record.status in (Status.COMPLETED, Status.DIVERGED):
+            value = record.value if record.status != Status.DIVERGED else self.plan.penalty
+            self.done[trial.identity] = Outcome(record.status, value, record.trial, record, trial)

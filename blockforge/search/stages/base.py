@@ -1,0 +1,106 @@
+"""What every stage of a cell's search shares: the typed trial, its outcome, and the Stage protocol.
+
+A cell runs a pipeline of stages (stages/pipeline.py builds it from the plan). The first stage may hand out
+trials on demand (exploration asks its sampler); the others queue trials when the cell is idle and every stage
+before them has nothing more: confirmation its finalists' replicates, promotion the pruned trials the
+full-budget curves say could have ended ahead, racing one more seed for leaders not yet separated, transfer
+the candidates around a predicted k. A stage also hears how its trials ended, and says how many trials it
+may train at most (the compute plan is the sum of the stages' own worst cases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from blockforge.search.ledger import StageName, TrialRecord
+
+if TYPE_CHECKING:
+    from blockforge.search.cell import Cell
+    from blockforge.search.config import SearchPlan
+
+
+@dataclass
+class Trial:
+    """One trial of a cell: asked for, queued, running or finished."""
+
+    cell: str
+    number: int
+    stage: StageName  # what its record says: explore, confirm or transfer
+    searched: dict[str, Any]  # the cell's searched values (and baselines')
+    overrides: list  # every override of its recipe, train.seed last
+    seed: int
+    identity: str = ""  # model + training settings + seed
+    model: str = ""  # the same, the seed aside
+    alpha: float | None = None
+    post_ln_layers: int | None = None
+    uniform_pre: bool = False
+    steps: int = 0  # its full budget
+    costs: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    promoted: str = ""  # why it was brought back to the full budget (a promoted model's replicates)
+    optuna_id: str | None = None  # an exploration trial: its id in the cell's sampler
+
+    def config(self, early_stop: bool) -> dict:
+        """What Tune hands the trainable."""
+        return {"cell": self.cell, "number": self.number, "identity": self.identity, "stage": self.stage.value,
+                "overrides": [list(o) for o in self.overrides], "early_stop": early_stop}
+
+
+@dataclass
+class Outcome:
+    """How a trained trial ended: what counts for its identity (a later full run replaces a pruned one)."""
+
+    status: str
+    value: float | None  # the objective (the penalty when diverged)
+    number: int
+    record: TrialRecord
+    trial: Trial
+
+
+@dataclass
+class Finalist:
+    searched: dict[str, Any]
+    model: str
+    uniform_pre: bool
+    note: str = ""
+    promoted: str = ""
+
+
+class Stage:
+    """A stage of a cell's pipeline. Subclasses override what they do; the defaults do nothing."""
+
+    name: StageName
+    on_demand = False  # hands out trials when asked (exploration), rather than queueing them when opened
+
+    def active(self, cell: "Cell") -> bool:
+        """An on-demand stage: whether it has a trial to hand out now."""
+        return False
+
+    def propose(self, cell: "Cell", trial_id: str) -> dict | None:
+        """An on-demand stage: a Tune config to train, or None when the proposal needed no training."""
+        return None
+
+    def open(self, cell: "Cell") -> bool | None:
+        """The cell is idle and every stage before this one has nothing more: queue trials (True when any was
+        queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
+        return False
+
+    def on_result(self, cell: "Cell", trial: Trial, result: dict) -> None:
+        """An intermediate result of one of this stage's trials."""
+
+    def on_complete(self, cell: "Cell", trial: Trial, outcome: Outcome) -> None:
+        """One of this stage's trials finished, was stopped early, diverged or failed."""
+
+    def taken_in(self, cell: "Cell", trial: Trial, record: TrialRecord) -> None:
+        """A trained trial of this stage that a resumed driver learns of from the ledger."""
+
+    @classmethod
+    def worst_case(cls, plan: "SearchPlan", name: str, explored: int) -> int:
+        """The most trials this stage may train in cell `name` (`explored`: exploration's own worst case)."""
+        return 0
+
+    @classmethod
+    def rounds(cls, plan: "SearchPlan") -> int:
+        """Stages that wait for one another in a compute plan's critical path: this stage's (one, or racing's rounds)."""
+        return 1

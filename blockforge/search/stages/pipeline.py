@@ -1,0 +1,67 @@
+"""A cell's pipeline, built once from the plan: the one place that reads which stages a search has.
+
+A proxy cell explores, then (with `confirm`) confirms its finalists, or its explored front with a cost axis;
+with a scheduler it promotes pruned trials that could have ended ahead; with `confirm.max_seeds` it races its
+leaders. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
+order for more work (cell.Cell.ready), so promotion comes before each further round of racing.
+
+A new stage is a new file with a Stage subclass and one line in PROXY_STAGES (or TARGET_STAGES).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from blockforge.search.config import SearchPlan
+from blockforge.search.stages.base import Stage
+from blockforge.search.stages.confirm import Confirm, Front, Race
+from blockforge.search.stages.explore import Explore
+from blockforge.search.stages.promote import Promote
+from blockforge.search.stages.transfer import Transfer
+
+if TYPE_CHECKING:
+    from blockforge.search.cell import SearchContext
+
+When = Callable[[SearchPlan, str], bool]
+
+PROXY_STAGES: list[tuple[type[Stage], When]] = [
+    (Explore, lambda plan, name: True),
+    (Confirm, lambda plan, name: plan.confirm is not None and not plan.costs),
+    (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
+    (Promote, lambda plan, name: plan.asha is not None),
+    (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
+]
+TARGET_STAGES: list[tuple[type[Stage], When]] = [
+    (Transfer, lambda plan, name: True),
+]
+
+
+def stage_types(plan: SearchPlan, name: str) -> list[type[Stage]]:
+    """The stages of cell `name`, in order."""
+    table = TARGET_STAGES if name in plan.target_names() else PROXY_STAGES
+    return [stage for stage, when in table if when(plan, name)]
+
+
+def build_stages(context: "SearchContext", name: str, index: int, records: list, extra: dict | None = None) -> list[Stage]:
+    """The stage objects of cell `name` (its `index` seeds its sampler; `records` are what a resumed search found)."""
+    plan = context.plan
+    stages = []
+    for stage in stage_types(plan, name):
+        if stage is Explore:
+            stages.append(Explore(plan, name, index, records))
+        elif stage is Transfer:
+            stages.append(Transfer(plan, context.predictions))
+        else:
+            stages.append(stage(plan))
+    return stages
+
+
+def worst_case(plan: SearchPlan, name: str) -> dict[str, int]:
+    """Stage -> the most trials it may train in cell `name`: each stage's own count."""
+    explored = Explore.budget(plan, name) if name not in plan.target_names() else 0
+    return {stage.name.value: stage.worst_case(plan, name, explored) for stage in stage_types(plan, name)}
+
+
+def rounds(plan: SearchPlan, name: str) -> int:
+    """Stages of cell `name` that wait for the one before, each at least one trial long (racing: one per round)."""
+    return sum(stage.rounds(plan) for stage in stage_types(plan, name) if stage.worst_case(plan, name, Explore.budget(plan, name)))

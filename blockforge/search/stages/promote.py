@@ -1,0 +1,58 @@
+"""Promotion: a pruned exploration trial that the full-budget curves say could have ended ahead is brought back.
+
+When the cell is idle after confirmation, every pruned exploration trial that was behind the best full-budget
+curve of its seed, where it was stopped, by no more than those curves were overtaken by there continues from its
+checkpoint to the full budget and becomes a finalist with the confirmation's seeds. Why it was promoted is a field
+of its records (`promoted`), so a search rebuilt from its ledger keeps the decision.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from blockforge.search.config import SearchPlan
+from blockforge.search.ledger import StageName
+from blockforge.search.stages.base import Finalist, Stage
+
+if TYPE_CHECKING:
+    from blockforge.search.cell import Cell
+
+
+class Promote(Stage):
+    name = StageName.PROMOTION
+
+    def __init__(self, plan: SearchPlan):
+        self.plan = plan
+        self.resumed = False
+
+    def open(self, cell: "Cell") -> bool:
+        if self.plan.confirm is None and not self.resumed:  # no confirmation took them back in: models promoted before this driver
+            self.resumed = True
+            for model, why in cell.promoted.items():
+                record = next(r for r in cell.records() if r.model == model and r.promoted)
+                cell.enqueue(dict(record.overrides), cell.base_seed, note=why, promoted=why)
+            if cell.queue:
+                return True
+        from blockforge.search.rungs import pruned_checks
+
+        records = cell.records()
+        checks = [c for c in pruned_checks(records, cell.name, self.plan.metric, self.plan.mode) if c.inside]
+        queued = False
+        for check in checks:
+            if check.model in cell.promoted:
+                continue
+            record = cell.latest[check.trial]
+            why = (f"promoted: pruned at step {check.step} {check.margin:.3g} behind the best full-budget curve of its seed, "
+                   f"inside the {check.crossing:.3g} by which full-budget curves were overtaken there")
+            cell.promoted[check.model] = why
+            cell.finalists.append(Finalist(dict(record.overrides), check.model, record.uniform_pre, note=why, promoted=why))
+            for seed in [cell.base_seed + i for i in range(1 + (cell.extra_seeds if self.plan.confirm else 0))]:
+                cell.enqueue(dict(record.overrides), seed, note=why, promoted=why)
+            queued = True
+        return queued and bool(cell.queue)
+
+    @classmethod
+    def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
+        if plan.enumeration(name) is not None:
+            return 0  # a cell that enumerates its points stops nothing early
+        return explored * (1 + (plan.confirm.seeds if plan.confirm else 0))
