@@ -33,7 +33,7 @@ import yaml
 
 from blockforge.search.driver import run_search
 from blockforge.search.evidence import paired_difference, verdict
-from blockforge.search.report import evidence_by_cell
+from blockforge.search.evidence import evidence_by_cell
 from blockforge.search.rungs import curve_of, kendall_tau
 from blockforge.spec.resolve import mix_ln_count
 

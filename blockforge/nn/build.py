@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -18,11 +20,31 @@ def build_model(spec: ResolvedSpec | ModelSpec, *, device: str | torch.device | 
     """
     if isinstance(spec, ModelSpec):
         spec = resolve(spec)
-    with torch.device(device or "cpu"):
+    meta = torch.device(device or "cpu").type == "meta"
+    with torch.device(device or "cpu"), _no_default_init() if meta else contextlib.nullcontext():
         model = get_family(spec.family).build(spec)
     if not any(p.is_meta for p in model.parameters()):
         model.init_weights(seed)
     return model
+
+
+_INITS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_",
+          "ones_", "zeros_", "constant_", "orthogonal_")
+
+
+@contextlib.contextmanager
+def _no_default_init():
+    """torch.nn.init's functions as no-ops while modules are built on the meta device, where there are no values to fill
+    (torch would otherwise route meta tensors through its reference kernels, importing the compiler stack: seconds and
+    a hundred-odd MB for a memory plan)."""
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def layer_parameter_counts(model: nn.Module) -> list[int]:

@@ -196,21 +196,36 @@ class ProgressView:
         elapsed = time.time() - self.started
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
         from blockforge.search.evidence import describe
-        from blockforge.search.report import evidence_by_cell, rung_line
 
         parts = []
         for cell, e in self._evidence(records).items():
             if e.winner is not None:
                 against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.against_pre_ln and e.vs_reference and e.verdict != "Pre-LN" else ""
-                rung = rung_line(self.plan, records, cell)
+                rung = self._rung_line(cell)
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
+
+    def _rung_line(self, name: str) -> str:
+        """'rung 50: full-budget curves crossed by up to 0.021 (12 curves), 1 promoted': from the cell's rung table while the
+        searcher runs here (the summary's rung analysis reads every curve once, at the end)."""
+        from blockforge.search.cell import SearchContext
+
+        try:
+            cell = SearchContext.of(str(self.path.parent), self.plan).cells[name]
+        except (RuntimeError, KeyError):
+            return ""
+        table = cell._rungs
+        if table is None or not table.rungs or table.curves < 2:
+            return ""
+        first = table.rungs[0]
+        crossed = f"full-budget curves crossed by up to {table.crossing[first]:.3g}" if table.crossing[first] else "no full-budget curves crossed"
+        return f"rung {first}: {crossed} ({table.curves} curves)" + (f", {len(cell.promoted)} promoted" if cell.promoted else "")
 
     def _evidence(self, records: list[TrialRecord]) -> dict:
         """Each cell's evidence: the cells' own (recomputed only when a cell got a result) while the searcher runs here."""
         from blockforge.search.cell import SearchContext
         from blockforge.search.evidence import min_seeds
-        from blockforge.search.report import evidence_by_cell
+        from blockforge.search.evidence import evidence_by_cell
 
         try:
             cells = SearchContext.of(str(self.path.parent), self.plan).cells

@@ -1,7 +1,7 @@
 """Compute plans before launch: per cell and in total, what a search may cost, without Ray and without training.
 
 Per cell: the model's parameters (total, non-embedding), the FLOPs of one trial and the worst-case number
-of trials by stage. A trial's FLOPs (blockforge.nn.flops) are
+of trials by stage, each stage of the cell's pipeline counting its own (search/stages/). A trial's FLOPs (blockforge.nn.flops) are
 
     steps * batch_size * 3 * F  +  evaluations * eval_batches * micro_batch * F
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import SearchPlan
+from blockforge.search.ledger import StageName
 from blockforge.tables import text_table
 
 # Dense bf16 tensor-core peaks (TFLOP/s), each from its vendor's datasheet; "with sparsity" figures are twice these.
@@ -58,12 +59,11 @@ class CellPlan:
     def total_flops(self) -> float:
         return self.total_trials * self.trial_flops
 
+    stage_rounds: int = 0  # stages of this cell that wait for the one before, each at least one trial long (racing: per round)
+
     @property
     def rounds(self) -> int:
-        """Stages of this cell that wait for the one before, each at least one trial long."""
-        return sum(1 if stage != "racing" else self.racing_rounds for stage, n in self.trials.items() if n)
-
-    racing_rounds: int = 0  # racing adds one seed at a time
+        return self.stage_rounds
 
 
 def trial_flops(recipe) -> tuple[int, int, float]:
@@ -92,8 +92,11 @@ def _probes(plan: SearchPlan, name: str) -> list[dict]:
     return probes
 
 
-def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
+def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:
+    """Cell `name`'s sizes and, per stage of its pipeline, the most trials that stage may train (its own count);
+    `as_proxy`: of a full search of it (what a transfer target's trials are compared with)."""
     from blockforge.errors import SpecError
+    from blockforge.search.stages.pipeline import rounds, worst_case
 
     sizes = []
     for probe in _probes(plan, name):
@@ -102,37 +105,20 @@ def cell_plan(plan: SearchPlan, name: str) -> CellPlan:
         except SpecError:
             continue  # a point no model is built at (its trials fail, free)
     parameters, non_embedding, flops = max(sizes, key=lambda s: s[2])
-    enumeration = plan.enumeration(name)
-    explore = min(plan.trials_per_cell, len(plan.first_points(name))) if enumeration is not None else plan.trials_per_cell
-    trials = {"explore": explore}
-    confirm = plan.confirm
-    pruning = plan.asha is not None and enumeration is None
-    if confirm is not None:
-        top = 2 * confirm.top if plan.costs else confirm.top  # with a cost axis, up to twice top points of the explored front
-        finalists = min(top + len(plan.baselines) + 1, explore + len(plan.baselines))
-        trials["confirm"] = finalists * confirm.seeds + (finalists if pruning else 0)
-        trials["racing"] = 3 * ((confirm.max_seeds or confirm.seeds) - confirm.seeds)
-    if pruning:
-        trials["promotion"] = explore * (1 + (confirm.seeds if confirm else 0))
-    racing_rounds = (confirm.max_seeds or confirm.seeds) - confirm.seeds if confirm is not None else 0
-    return CellPlan(name, parameters, non_embedding, flops, trials, racing_rounds=racing_rounds)
+    target = name in plan.target_names() and not as_proxy
+    return CellPlan(name, parameters, non_embedding, flops, worst_case(plan, name, as_proxy), target=target,
+                    stage_rounds=rounds(plan, name, as_proxy))
 
 
 def search_plan(plan: SearchPlan) -> list[CellPlan]:
-    """Every proxy cell's plan, then each transfer target's: its candidates (the predicted k, 2 * neighbours around it
-    and Pre-LN, at most) with the transfer's seeds."""
-    cells = [cell_plan(plan, name) for name in plan.cell_names()]
-    for name in plan.target_names():
-        full = cell_plan(plan, name)
-        trials = {"transfer": (2 * plan.transfer.neighbours + 2) * plan.transfer.seeds}
-        cells.append(CellPlan(name, full.parameters, full.non_embedding, full.trial_flops, trials, target=True))
-    return cells
+    """Every proxy cell's plan, then each transfer target's."""
+    return [cell_plan(plan, name) for name in plan.all_names()]
 
 
 def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = None, gpus: int | None = None, mfu: float = DEFAULT_MFU,
                 concurrency: int | None = None) -> str:
     """The plan as text: a table per cell and the totals; with `gpu`, GPU-hours and wall time."""
-    stages = [s for s in ("explore", "confirm", "racing", "promotion", "transfer") if any(s in c.trials for c in cells)]
+    stages = [s.value for s in StageName if any(s.value in c.trials for c in cells)]
     rows = [[c.cell + (" (target)" if c.target else ""), f"{c.parameters:,}", f"{c.non_embedding:,}", f"{c.trial_flops:.3g}", *(c.trials.get(s, 0) for s in stages),
              c.total_trials, f"{c.total_flops:.3g}"] for c in cells]
     total_flops = sum(c.total_flops for c in cells)

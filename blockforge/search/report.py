@@ -15,10 +15,10 @@ import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text, save_png
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, evidence_by_cell, min_seeds, paired_difference, verdict  # noqa: F401
-from blockforge.search.law import BootstrapReport, LawReport, alpha_range, bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
-from blockforge.search.ledger import Ledger, TrialRecord
-from blockforge.search.rungs import cell_rungs
+from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, paired_difference, verdict
+from blockforge.search.findings import Findings
+from blockforge.search.law import BootstrapReport, LawReport, alpha_range
+from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
@@ -204,22 +204,23 @@ def _interval(span: tuple[float, float] | None) -> str:
     return "-" if span is None else (f"{span[0]:.4g}" if span[0] == span[1] else f"{span[0]:.4g}-{span[1]:.4g}")
 
 
-def early_stopping_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
+def early_stopping_section(found: Findings) -> str:
     """Per cell: the ranking at each evaluated step against the final one among full-budget curves (same seed),
     the pruned trials against those curves where they stopped, and the runs promoted back to the full budget."""
+    plan = found.plan
     if plan.asha is None:
         return "No early stopping: every trial ran its full budget.\n"
-    by_trial = {(r.cell, r.trial): r for r in records}
+    by_trial = {(r.cell, r.trial): r for r in found.records}
     parts = []
     for cell in plan.cell_names():
-        rungs = cell_rungs(plan, records, cell)
+        rungs = found.rungs[cell]
         if not rungs.checks:
             parts.append(f"### {cell}\n\nNo two full-budget curves share a seed yet.\n")
             continue
         table = markdown_table(
             ["step", "ASHA rung", "Kendall tau vs final", "seeds", "pairs", "crossing", "largest crossing margin"],
             [[c.step, "yes" if c.step in rungs.rungs else "", "-" if c.tau is None else f"{c.tau:+.2f}", c.seeds, c.pairs,
-              len(c.crossings), fmt(c.largest) if c.crossings else "-"] for c in rungs.checks])
+              c.crossed, fmt(c.largest) if c.crossed else "-"] for c in rungs.checks])
         pruned = markdown_table(
             ["trial", "model", "stopped at", "behind the best full curve", "curves overtaken by up to", "could have ended ahead"],
             [[p.trial, describe(by_trial[(cell, p.trial)]), p.step, "-" if p.margin is None else fmt(p.margin), fmt(p.crossing),
@@ -230,26 +231,6 @@ def early_stopping_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
         parts.append(f"### {cell}\n\n{table}\n\n{pruned}\n" + (f"\nPromoted to the full budget:{promoted}\n" if promoted else "")
                      + (f"\n{advice}\n" if advice else ""))
     return "\n".join(parts)
-
-
-def rung_line(plan: SearchPlan, records: list[TrialRecord], cell: str) -> str:
-    """The live view's word on a cell's first rung: '', or 'rung 50: tau +0.33, 2 of 12 pairs cross (up to 0.021)'."""
-    if plan.asha is None:
-        return ""
-    rungs = cell_rungs(plan, records, cell)
-    check = rungs.at(rungs.rungs[0]) if rungs.rungs else None
-    if check is None or check.tau is None:
-        return ""
-    text = f"rung {check.step}: tau {check.tau:+.2f}, " + (f"{len(check.crossings)} of {check.pairs} pairs cross (up to {check.largest:.3g})"
-                                                          if check.crossings else f"no pair of {check.pairs} crosses")
-    return text + (f", {len(rungs.promoted)} promoted" if rungs.promoted else "")
-
-
-def cell_fronts(plan: SearchPlan, evidence: dict[str, CellEvidence]) -> dict:
-    """Per cell (a search with a cost axis): its front with evidence (search/pareto.py) over the confirmed candidates."""
-    from blockforge.search.pareto import front_evidence
-
-    return {cell: front_evidence(evidence[cell].eligible, plan.costs, plan.mode) for cell in plan.cell_names()}
 
 
 def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
@@ -311,14 +292,19 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def compute_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
+def compute_section(found: Findings) -> str:
     """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
-    from blockforge.search.plan import search_plan
-
+    plan = found.plan
+    pruned_explored: dict[tuple[str, str], int] = {}  # (cell, identity) -> steps its pruned exploration run reached
+    for r in found.records:
+        if r.stage == StageName.EXPLORE and r.status == Status.PRUNED:
+            key = (r.cell, r.identity)
+            pruned_explored[key] = max(pruned_explored.get(key, 0), r.steps)
     rows = []
-    for cell in search_plan(plan):
-        trained = [r for r in records if r.cell == cell.cell and r.status in (Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.INTERRUPTED)]
-        steps = sum(r.steps for r in trained if r.stage == "explore") + sum(r.steps - _resumed_from(r, records) for r in trained if r.stage != "explore")
+    for cell in found.cell_plans.values():
+        trained = [r for r in found.records if r.cell == cell.cell and r.status in (Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.INTERRUPTED)]
+        # a promoted run continues its pruned exploration run: only the steps after it are its own
+        steps = sum(r.steps if r.stage == StageName.EXPLORE else r.steps - pruned_explored.get((r.cell, r.identity), 0) for r in trained)
         per_step = cell.trial_flops / plan.steps[cell.cell]
         rows.append([cell.cell, cell.total_trials, f"{cell.total_flops:.3g}", len(trained), steps, f"{steps * per_step:.3g}",
                      f"{sum(r.wall_s for r in trained):,.0f}"])
@@ -326,27 +312,20 @@ def compute_section(plan: SearchPlan, records: list[TrialRecord]) -> str:
                            "trial-seconds"], rows)
 
 
-def _resumed_from(record: TrialRecord, records: list[TrialRecord]) -> int:
-    """Steps a confirmation trial did not train itself: a promoted run continues its pruned exploration run."""
-    earlier = [r.steps for r in records if r.cell == record.cell and r.identity == record.identity and r.stage == "explore"
-               and r.status == Status.PRUNED]
-    return max(earlier, default=0)
-
-
-def transfer_section(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence]) -> tuple[str, list[str], list[dict]]:
+def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
     """The transfer stage per target: prediction, candidates, held or not, verdict, and compute against a full search
     of the target. Returns the markdown, one console line per target and the records for transfer.json."""
-    from blockforge.search.plan import cell_plan
-    from blockforge.search.transfer import judge, predict
+    from blockforge.search.transfer import judge
 
+    plan, records, evidence = found.plan, found.records, found.evidence
     parts, lines, data = [], [], []
     for target in plan.target_names():
-        prediction = predict(plan, records, target)
+        prediction = found.predictions.get(target)
         if prediction is None:
             parts.append(f"### {target}\n\nNo proxy cell has a winner yet: nothing to predict.\n")
             continue
         outcome = judge(plan, records, prediction)
-        full = cell_plan(plan, target)
+        full = found.full_plans[target]
         mine = [r for r in records if r.cell == target and r.status in (Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED, Status.PRUNED)]
         spent = sum(r.steps for r in mine) * full.trial_flops / plan.steps[target]
         compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
@@ -378,13 +357,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     write_results_csv(plan, records, search_dir / "results.csv")
     write_optuna_storage(search_dir, plan, records)
     tensorboard = write_tensorboard(search_dir, records)
-    evidence = evidence_by_cell(plan, records)
+    found = Findings.of(plan, records)
+    evidence, points, law, boot, resampled = found.evidence, found.points, found.law, found.boot, found.resampled
     write_best_specs(plan, evidence, search_dir / "best")
     headers, rows = cell_rows(plan, records, evidence)
-    points = law_points(plan, evidence)
-    law = fit_alpha_law(points)
-    resampled = bootstrap_cells(plan, evidence, points)
-    boot = bootstrap_laws(resampled)
     if plan.varies_alpha:  # a search that varies no alpha has no alpha law to write
         atomic_write_json(search_dir / "alpha_law.json", {
             "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
@@ -396,7 +372,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     pareto_markdown, pareto_lines = "", []
     if plan.costs:
-        fronts = cell_fronts(plan, evidence)
+        fronts = found.fronts
         pareto_markdown, pareto_lines = pareto_section(plan, fronts)
         plot_fronts(plan, fronts, search_dir / "pareto.png")
         atomic_write_json(search_dir / "pareto.json", {cell: [{"point": i, "model": p.candidate.model, "overrides": p.candidate.overrides,
@@ -406,7 +382,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
                            "every cost and better in quality by a paired 95% interval excluding zero; `blockforge export SEARCH --cell "
                            "CELL --pick N` exports point N, `--under COST=X` the best quality within that budget. Plot: pareto.png.\n\n"
                            + pareto_markdown + "\n")
-    transfer_markdown, transfer_lines, transfer_data = transfer_section(plan, records, evidence) if plan.targets else ("", [], [])
+    transfer_markdown, transfer_lines, transfer_data = transfer_section(found) if plan.targets else ("", [], [])
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
         transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
@@ -415,7 +391,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
     plots = ["metric_vs_alpha.png", "best_alpha_vs_depth.png"] if plan.varies_alpha else []
     plots += ["pareto.png"] if plan.costs else []
-    views = (f"Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
+    views = ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
              + f"\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
     confirm = plan.confirm
     finalists = f"the {confirm.top} best distinct models" if confirm and not plan.costs else (f"up to {2 * confirm.top} points of the explored front" if confirm else "")
@@ -445,14 +421,14 @@ show how far the ranking at an early step agrees with the final one (Kendall tau
 which pairs cross (behind there, ahead at the end). A pruned trial that was behind by no more than such
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
-{early_stopping_section(plan, records)}
+{early_stopping_section(found)}
 {pareto_markdown}{transfer_markdown}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and
 invalid points cost nothing), their steps, those steps' FLOPs at the cell's planned FLOPs per step, and
 the seconds their trials reported.
 
-{compute_section(plan, records)}
+{compute_section(found)}
 """ + (f"""
 ## alpha_opt(depth, width)
 
@@ -464,6 +440,6 @@ below are fitted to k/L.
     verdict_line = boot.verdict if boot else law.verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
-    advice = [a for a in (cell_rungs(plan, records, cell).advice() for cell in plan.cell_names()) if a] if plan.asha else []
+    advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
     return (console + "\n\n" + "\n".join(claims + pareto_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))

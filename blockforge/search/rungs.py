@@ -11,8 +11,11 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from blockforge.search.ledger import StageName
 
 
 def curve_of(run_dir: str | Path, metric: str) -> dict[int, float]:
@@ -41,14 +44,62 @@ def _read_curve(path: str, metric: str, mtime_ns: int, size: int) -> tuple[tuple
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
     """Kendall's tau-a between two rankings of the same items (1: same order, -1: reversed); 1.0 below two items."""
-    pairs = list(itertools.combinations(range(len(a)), 2))
-    if not pairs:
-        return 1.0
-    score = 0
-    for i, j in pairs:
-        product = (a[i] - a[j]) * (b[i] - b[j])
-        score += (product > 0) - (product < 0)
-    return score / len(pairs)
+    return order_agreement(a, b).tau
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Two rankings of the same items compared pair by pair: the items' pairs, those ranked in opposite orders
+    (ties in either ranking are neither), tau-a, and the largest gap in `a` of an opposite pair."""
+
+    pairs: int
+    opposite: int
+    tau: float
+    largest: float
+
+
+def order_agreement(a: list[float], b: list[float]) -> Agreement:
+    """`a` against `b` in O(n log n): sort by b, count the strict inversions of a (merge sort), the ties of each and of
+    both, and track, along b's order, the largest a of the items strictly ahead in b."""
+    n = len(a)
+    pairs = n * (n - 1) // 2
+    if pairs == 0:
+        return Agreement(0, 0, 1.0, 0.0)
+    order = sorted(range(n), key=lambda i: (b[i], a[i]))
+    sequence = [a[i] for i in order]
+    opposite = _strict_inversions(sequence)
+    ties_a = sum(c * (c - 1) // 2 for c in Counter(a).values())
+    ties_b = sum(c * (c - 1) // 2 for c in Counter(b).values())
+    ties_both = sum(c * (c - 1) // 2 for c in Counter(zip(a, b)).values())
+    same = pairs - ties_a - ties_b + ties_both - opposite
+    largest, ahead, i = 0.0, None, 0
+    while i < n:  # by b, best first; items tied in b are not ahead of one another
+        j = i
+        while j < n and b[order[j]] == b[order[i]]:
+            j += 1
+        if ahead is not None:
+            largest = max([largest] + [ahead - a[order[k]] for k in range(i, j) if ahead > a[order[k]]])
+        group_max = max(a[order[k]] for k in range(i, j))
+        ahead = group_max if ahead is None else max(ahead, group_max)
+        i = j
+    return Agreement(pairs, opposite, (same - opposite) / pairs, largest)
+
+
+def _strict_inversions(values: list[float]) -> int:
+    """Pairs i < j with values[i] > values[j] (equal values are no inversion)."""
+    if len(values) < 2:
+        return 0
+    middle = len(values) // 2
+    left, right = values[:middle], values[middle:]
+    count = _strict_inversions(left) + _strict_inversions(right)
+    left.sort()
+    right.sort()
+    j = 0
+    for value in left:  # right elements strictly below each left one
+        while j < len(right) and right[j] < value:
+            j += 1
+        count += j
+    return count
 
 
 @dataclass(frozen=True)
@@ -61,6 +112,9 @@ class Crossing:
     margin: float
 
 
+LISTED_PAIRS = 2000  # a seed's crossing pairs are listed one by one (Crossing) up to this many pairs; beyond, only counted
+
+
 @dataclass
 class RungCheck:
     """How far the ranking at `step` agrees with the final one, among a cell's full-budget curves."""
@@ -69,16 +123,13 @@ class RungCheck:
     tau: float | None  # Kendall tau, mean over the seeds two or more candidates share; None without such a seed
     seeds: int  # seeds that entered tau
     pairs: int  # candidate pairs compared (over those seeds)
-    crossings: list[Crossing] = field(default_factory=list)
-
-    @property
-    def largest(self) -> float:
-        """The largest margin a candidate was behind by at this step and still ended ahead (0 without a crossing)."""
-        return max((c.margin for c in self.crossings), default=0.0)
+    crossings: list[Crossing] = field(default_factory=list)  # the crossing pairs, listed where a seed has few pairs
+    crossed: int = 0  # pairs that cross
+    largest: float = 0.0  # the largest margin a candidate was behind by at this step and still ended ahead (0: none)
 
     def text(self) -> str:
         tau = "no seed shared by two full curves" if self.tau is None else f"Kendall tau {self.tau:+.2f} over {self.seeds} seed(s)"
-        cross = f"{len(self.crossings)} of {self.pairs} pairs cross, by up to {self.largest:.3g}" if self.crossings else f"no pair of {self.pairs} crosses"
+        cross = f"{self.crossed} of {self.pairs} pairs cross, by up to {self.largest:.3g}" if self.crossed else f"no pair of {self.pairs} crosses"
         return f"step {self.step}: {tau}; {cross}"
 
 
@@ -98,28 +149,32 @@ def value_at(curve: dict[int, float], step: int) -> float | None:
     return curve[max(earlier)] if earlier else None
 
 
-def rung_checks(curves: list[Curve], steps: list[int], mode: str) -> list[RungCheck]:
-    """Per step: rank agreement with the final values (Kendall tau) and the pairs that cross, seed by seed."""
+def rung_checks(curves: list[Curve], steps: list[int], mode: str, tau: bool = True) -> list[RungCheck]:
+    """Per step: rank agreement with the final values (Kendall tau; left out with tau=False) and the pairs that cross,
+    seed by seed, in O(n log n) per seed (order_agreement)."""
     sign = 1.0 if mode == "min" else -1.0
     by_seed: dict[int, list[Curve]] = {}
     for c in curves:
         by_seed.setdefault(c.seed, []).append(c)
     checks = []
     for step in steps:
-        taus, pairs, crossings = [], 0, []
+        taus, pairs, crossed, largest, crossings = [], 0, 0, 0.0, []
         for seed, group in sorted(by_seed.items()):
             at = [(c, value_at(c.values, step)) for c in group]
             at = [(c, v) for c, v in at if v is not None]
             if len(at) < 2:
                 continue
-            taus.append(kendall_tau([sign * v for _, v in at], [sign * c.final for c, _ in at]))
-            for (a, va), (b, vb) in itertools.combinations(at, 2):
-                pairs += 1
-                early, late = sign * (va - vb), sign * (a.final - b.final)
-                if early * late < 0:  # the order changed between the step and the end
-                    ahead, behind = (a, b) if late < 0 else (b, a)
-                    crossings.append(Crossing(ahead.model, behind.model, seed, abs(early)))
-        checks.append(RungCheck(step, sum(taus) / len(taus) if taus else None, len(taus), pairs, crossings))
+            agreement = order_agreement([sign * v for _, v in at], [sign * c.final for c, _ in at])
+            if tau:
+                taus.append(agreement.tau)
+            pairs, crossed, largest = pairs + agreement.pairs, crossed + agreement.opposite, max(largest, agreement.largest)
+            if agreement.opposite and agreement.pairs <= LISTED_PAIRS:
+                for (a, va), (b, vb) in itertools.combinations(at, 2):
+                    early, late = sign * (va - vb), sign * (a.final - b.final)
+                    if early * late < 0:  # the order changed between the step and the end
+                        ahead, behind = (a, b) if late < 0 else (b, a)
+                        crossings.append(Crossing(ahead.model, behind.model, seed, abs(early)))
+        checks.append(RungCheck(step, sum(taus) / len(taus) if taus else None, len(taus), pairs, crossings, crossed, largest))
     return checks
 
 
@@ -167,16 +222,24 @@ def pruned_checks(records: list, cell: str, metric: str, mode: str, curves: list
 
     curves = cell_curves(records, cell, metric) if curves is None else curves
     finished = {c.model for c in curves}
+    crossing: dict[int, float] = {}  # step -> the largest margin overtaken there (one check per step, not per trial)
+    best: dict[tuple[int, int], float | None] = {}  # (seed, step) -> the best full-budget value there
+    sign = 1.0 if mode == "min" else -1.0
     out = []
     for r in records:
-        if r.cell != cell or r.stage != "explore" or r.status != Status.PRUNED or (r.model or r.identity) in finished:
+        if r.cell != cell or r.stage != StageName.EXPLORE or r.status != Status.PRUNED or (r.model or r.identity) in finished:
             continue
         value = value_at(curve_of(r.run_dir, metric), r.steps) if r.run_dir else None
         value = r.value if value is None else value
         if value is None:
             continue
-        check = rung_checks(curves, [r.steps], mode)[0]
-        out.append(PrunedCheck(r.trial, r.model or r.identity, r.steps, margin_behind(value, r.steps, r.seed, curves, mode), check.largest))
+        if r.steps not in crossing:
+            crossing[r.steps] = rung_checks(curves, [r.steps], mode, tau=False)[0].largest
+        if (r.seed, r.steps) not in best:
+            there = [v for v in (value_at(c.values, r.steps) for c in curves if c.seed == r.seed) if v is not None]
+            best[(r.seed, r.steps)] = min(there, key=lambda v: sign * v) if there else None
+        margin = sign * (value - best[(r.seed, r.steps)]) if best[(r.seed, r.steps)] is not None else None
+        out.append(PrunedCheck(r.trial, r.model or r.identity, r.steps, margin, crossing[r.steps]))
     return out
 
 
@@ -206,14 +269,14 @@ class CellRungs:
         """The first evaluated step from which on no pair of full-budget curves crossed."""
         clear = None
         for check in reversed(self.checks):
-            if check.crossings or check.tau is None:
+            if check.crossed or check.tau is None:
                 break
             clear = check.step
         return clear
 
     def advice(self) -> str:
         """One sentence when the curves crossed at a rung: what that means for the pruned trials and what to change."""
-        crossed = [self.at(r) for r in self.rungs if self.at(r) is not None and self.at(r).crossings]
+        crossed = [self.at(r) for r in self.rungs if self.at(r) is not None and self.at(r).crossed]
         if not crossed:
             return ""
         check = crossed[0]
@@ -222,7 +285,7 @@ class CellRungs:
         change = (f"raise scheduler.asha.grace_steps to {later} (from there on no pair crossed)" if later is not None
                   else "no evaluated step before the end was free of crossings: search without a scheduler")
         change += f", or scheduler.asha.margin above {check.largest:.3g}"
-        text = (f"{self.cell}: at the rung of step {check.step}, {len(check.crossings)} of {check.pairs} pairs of full-budget curves "
+        text = (f"{self.cell}: at the rung of step {check.step}, {check.crossed} of {check.pairs} pairs of full-budget curves "
                 f"crossed (behind there by up to {check.largest:.3g}, ahead at the end)")
         if inside:
             text += f"; {len(inside)} pruned trial(s) were behind by less there and may have ended ahead"
@@ -236,5 +299,5 @@ def cell_rungs(plan, records: list, cell: str) -> CellRungs:
     budget = plan.steps[cell]
     steps = sorted({s for c in curves for s in c.values if s < budget})
     rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, budget) if plan.asha is not None else []
-    promoted = {r.trial: r.note for r in records if r.cell == cell and r.note.startswith("promoted:")}
+    promoted = {r.trial: r.promoted for r in records if r.cell == cell and r.promoted}
     return CellRungs(cell, rungs, rung_checks(curves, steps, plan.mode), pruned_checks(records, cell, plan.metric, plan.mode, curves), promoted)

@@ -15,6 +15,7 @@ curves the cell records. A decision costs the same at the ten-thousandth trial a
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,8 +37,10 @@ class RungTable:
         self.base_seed = cell.base_seed
         self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted
         self.reached: dict[int, dict[int, float]] = {}  # trial number -> rung -> its sign * value there
-        self.curves: list[Curve] = []  # full-budget curves of the base seed
+        self.curves = 0  # full-budget curves of the base seed
         self.crossing = dict.fromkeys(self.rungs, 0.0)  # rung -> the largest margin overtaken there
+        # rung -> (sign * final, sign * value there) of each such curve with a value there, ordered by final
+        self.finals = {rung: (np.empty(0), np.empty(0)) for rung in self.rungs}
         metric = plan.metric
         for record in cell.records():
             if record.stage == StageName.EXPLORE and record.run_dir and record.status not in (Status.DUPLICATE, Status.FAILED):
@@ -60,18 +63,25 @@ class RungTable:
             self.values[rung].pop(bisect.bisect_left(self.values[rung], value))
 
     def add_curve(self, curve: Curve) -> None:
+        """A full-budget curve: the largest margin by which it and an earlier one crossed at each rung (one was behind
+        there and ended ahead), found among the earlier ones ordered by their final values (O(log n) to place it)."""
         if curve.seed != self.base_seed:
             return
-        for other in self.curves:
-            late = self.sign * (curve.final - other.final)
-            for rung in self.rungs:
-                a, b = value_at(curve.values, rung), value_at(other.values, rung)
-                if a is None or b is None:
-                    continue
-                early = self.sign * (a - b)
-                if early * late < 0:  # the order changed between the rung and the end
-                    self.crossing[rung] = max(self.crossing[rung], abs(early))
-        self.curves.append(curve)
+        self.curves += 1
+        final = self.sign * curve.final
+        for rung in self.rungs:
+            value = value_at(curve.values, rung)
+            if value is None:
+                continue
+            a = self.sign * value
+            finals, values = self.finals[rung]
+            worse = bisect.bisect_right(finals, final)  # those ending behind it: from here on
+            better = bisect.bisect_left(finals, final)  # those ending ahead of it: before here
+            if better:  # it ends behind them: crossed where it was ahead (below them) at the rung
+                self.crossing[rung] = max(self.crossing[rung], float(values[:better].max()) - a if values[:better].max() > a else 0.0)
+            if worse < len(finals):  # it ends ahead of them: crossed where it was behind (above them) at the rung
+                self.crossing[rung] = max(self.crossing[rung], a - float(values[worse:].min()) if values[worse:].min() < a else 0.0)
+            self.finals[rung] = (np.insert(finals, worse, final), np.insert(values, worse, a))
 
     def others(self, number: int, rung: int) -> list[float]:
         """sign * value at `rung` of every trial there but `number`, sorted."""
@@ -82,6 +92,23 @@ class RungTable:
         values = list(values)
         values.pop(bisect.bisect_left(values, own))
         return values
+
+
+def sorted_percentile(ordered: list[float], percent: float) -> float:
+    """numpy.percentile(ordered, percent) (its default, linear method) of an already sorted list, in O(1): the same
+    arithmetic, so the same bits."""
+    n = len(ordered)
+    virtual = (n - 1) * (percent / 100)
+    if virtual >= n - 1:
+        return ordered[-1]
+    if virtual < 0:
+        return ordered[0]
+    below = math.floor(virtual)
+    gamma = virtual - below
+    a, b = ordered[below], ordered[below + 1]
+    if gamma >= 0.5:
+        return b - (b - a) * (1 - gamma)
+    return a + (b - a) * gamma
 
 
 class CellScheduler(FIFOScheduler):
@@ -131,10 +158,10 @@ class CellScheduler(FIFOScheduler):
         ordered = table.others(number, rung)  # best first
         if not ordered:
             return RungDecision(False, None, None)
-        cutoff = float(np.percentile(ordered, 100.0 / self.plan.asha.reduction_factor)) * table.sign  # ASHA's: keep the best 1/rf
+        cutoff = sorted_percentile(ordered, 100.0 / self.plan.asha.reduction_factor) * table.sign  # ASHA's: keep the best 1/rf
         behind = table.sign * (value - cutoff)
         floor = self.plan.asha.margin
-        if floor is None and len(table.curves) < 2:
+        if floor is None and table.curves < 2:
             return RungDecision(False, behind, None)  # nothing yet says how far the rung's ranking can be trusted
         margin = max(floor or 0.0, table.crossing[rung])
         return RungDecision(behind > margin, behind, margin)

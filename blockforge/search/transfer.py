@@ -57,10 +57,25 @@ def _size(plan: SearchPlan, name: str) -> tuple[int, int | None]:
 
 def predict(plan: SearchPlan, records: list, target: str) -> Prediction | None:
     """The prediction for `target` from the proxy cells' evidence in `records` (None when no proxy has a winner)."""
-    from blockforge.search.evidence import evidence_by_cell
-    from blockforge.search.law import LAWS, bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
+    return predictions(plan, records, [target])[target]
 
-    evidence = evidence_by_cell(plan, records)
+
+def predictions(plan: SearchPlan, records: list, targets: list[str], evidence: dict | None = None, boot=None, points=None) -> dict:
+    """Each target's prediction, from one computation of the proxies' evidence, law points and law bootstrap (given, or
+    made here from `records`)."""
+    from blockforge.search.evidence import evidence_by_cell
+    from blockforge.search.law import bootstrap_cells, bootstrap_laws, law_points
+
+    evidence = evidence_by_cell(plan, records) if evidence is None else evidence
+    if points is None:
+        points = law_points(plan, evidence)
+        boot = bootstrap_laws(bootstrap_cells(plan, evidence, points))
+    return {target: _predict(plan, evidence, points, boot, target) for target in targets}
+
+
+def _predict(plan: SearchPlan, evidence: dict, points: list, boot, target: str) -> Prediction | None:
+    from blockforge.search.law import LAWS, fit_alpha_law
+
     depth, width = _size(plan, target)
     proxies = [name for name in plan.cell_names() if evidence[name].winner is not None and evidence[name].winner.alpha is not None]
     if not proxies:
@@ -73,8 +88,6 @@ def predict(plan: SearchPlan, records: list, target: str) -> Prediction | None:
     nearest = min(proxies, key=distance)
     winner = evidence[nearest].winner
     searched = {k: v for k, v in winner.overrides.items() if k != MIX_LN_ALPHA}
-    points = law_points(plan, evidence)
-    boot = bootstrap_laws(bootstrap_cells(plan, evidence, points))
     decided = boot is not None and boot.laws and boot.laws[0].wins >= 0.95 and len({p["depth"] for p in points}) >= 3
     if decided:
         law = boot.laws[0]

@@ -12,12 +12,13 @@ import io
 import json
 import os
 import shutil
-import tempfile
+import socket
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from blockforge.io import atomic_write_text, plain_file_mode
+from blockforge.io import atomic_write_text
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.ledger import COLUMNS, TrialRecord
 from blockforge.train.events import Status
@@ -108,43 +109,73 @@ def optuna_storage(path: Path):
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+def _journal_lines(logs: list[dict]) -> bytes:
+    """Logs as JournalFileBackend writes them: one compact JSON object per line."""
+    return "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode()
+
+
+class _MemoryJournal:
+    """A journal backend that holds its logs in memory: studies are built here, then written to the file in one go
+    (Optuna's file backend writes and fsyncs every operation, which at ten thousand trials takes longer than the
+    reports may)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def read_logs(self, log_number_from: int):
+        return self.logs[log_number_from:]
+
+    def append_logs(self, logs: list[dict]) -> None:
+        self.logs.extend(logs)
+
+
+def _journal(plan: SearchPlan, records: list[TrialRecord]):
+    """An in-memory journal storage holding one study per cell (named by the cell) with every trained trial."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import BaseJournalBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = type("MemoryJournal", (_MemoryJournal, BaseJournalBackend), {})()
+    storage = JournalStorage(backend)
+    by_cell: dict[str, list] = {}
+    for record in records:
+        by_cell.setdefault(record.cell, []).append(record)
+    for cell in plan.cell_names():
+        directions = ["minimize" if m == "min" else "maximize" for m in (plan.mode, *(m for _, m in plan.costs))]
+        study = optuna.create_study(study_name=cell, storage=storage, directions=directions)
+        study.set_user_attr("metric", plan.metric)
+        if plan.costs:  # the names optuna-dashboard shows on the front's axes (an experimental API: its warning is noise here)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
+        study.set_user_attr("cell", plan.cell(cell))
+        trials = [t for t in (_frozen_trial(plan, r) for r in by_cell.get(cell, [])) if t is not None]
+        if trials:
+            study.add_trials(trials)
+    return storage, backend
+
+
 def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[TrialRecord]) -> Path:
     """optuna.journal: one study per cell (named by the cell) holding every trained trial, rebuilt from the ledger
     and swapped in whole. `optuna-dashboard optuna.journal` opens it; in Python, optuna.load_study(study_name=CELL,
     storage=blockforge.search.views.optuna_storage(PATH))."""
-    import optuna
+    from blockforge.io import atomic_write
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _, backend = _journal(plan, records)
+    data = _journal_lines(backend.logs)
     target = search_dir / OPTUNA_FILE
-    fd, tmp = tempfile.mkstemp(prefix=".optuna-", suffix=".journal", dir=search_dir)
-    os.close(fd)
-    try:
-        plain_file_mode(tmp)
-        storage = optuna_storage(Path(tmp))
-        for cell in plan.cell_names():
-            directions = ["minimize" if m == "min" else "maximize" for m in (plan.mode, *(m for _, m in plan.costs))]
-            study = optuna.create_study(study_name=cell, storage=storage, directions=directions)
-            study.set_user_attr("metric", plan.metric)
-            if plan.costs:  # the names optuna-dashboard shows on the front's axes (an experimental API: its warning is noise here)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
-            study.set_user_attr("cell", plan.cell(cell))
-            trials = [t for t in (_frozen_trial(plan, r) for r in records if r.cell == cell) if t is not None]
-            if trials:
-                study.add_trials(trials)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(target, lambda tmp: Path(tmp).write_bytes(data))
     return target
 
 
 def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
     """Every trained run's curves (loss, lr, evaluations) under tensorboard/<cell>/trial<N>-seed<S> (N: the first
-    trial that trained it), from its metrics.jsonl; rewritten only when the log changed. False without the tensorboard package."""
+    trial that trained it), from its metrics.jsonl; rewritten only when the log changed. False without the tensorboard
+    package. Each run's event file is written at once, without a writer thread (ten thousand runs take seconds)."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
         return False
     root = search_dir / TENSORBOARD_FOLDER
@@ -152,16 +183,21 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
     for record in records:
         if record.status not in (Status.DUPLICATE, Status.RUNNING) and record.run_dir:
             first.setdefault(record.run_dir, record)
+    host = socket.gethostname()
     for run_dir, record in first.items():
         log = Path(run_dir) / "metrics.jsonl"
-        if not log.exists():
+        try:
+            stat = log.stat()
+        except OSError:
             continue
         folder = root / cell_slug(record.cell) / f"trial{record.trial:03d}-seed{record.seed}"
-        stamp = f"{log.stat().st_size}:{log.stat().st_mtime_ns}"
+        stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
         if (folder / ".source").exists() and (folder / ".source").read_text() == stamp:
             continue
         shutil.rmtree(folder, ignore_errors=True)
-        writer = SummaryWriter(str(folder))
+        folder.mkdir(parents=True)
+        now = time.time()
+        events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2")]
         for line in log.read_text().splitlines():
             try:
                 entry = json.loads(line)
@@ -169,31 +205,37 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
                 continue
             if not isinstance(entry, dict) or "step" not in entry:
                 continue
-            for key, value in entry.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    writer.add_scalar(f"{entry.get('event', 'train')}/{key}", value, entry["step"])
-        writer.close()
+            values = [summary_pb2.Summary.Value(tag=f"{entry.get('event', 'train')}/{key}", simple_value=float(value))
+                      for key, value in entry.items() if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]
+            if values:
+                events.append(event_pb2.Event(wall_time=now, step=int(entry["step"]), summary=summary_pb2.Summary(value=values)))
+        with open(folder / f"events.out.tfevents.{int(now):010d}.{host}.{os.getpid()}.0", "wb") as f:
+            writer = RecordWriter(f)
+            for event in events:
+                writer.write(event.SerializeToString())
         (folder / ".source").write_text(stamp)
     return True
 
 
 class LiveJournal:
-    """optuna.journal while the search runs: written whole once, then each newly finished trial appended, so keeping
-    optuna-dashboard current costs what the new trials cost, not the whole ledger again."""
+    """optuna.journal while the search runs: written whole once, then each update appends the newly finished trials'
+    operations in one write, so keeping optuna-dashboard current costs what the new trials cost, not the ledger again."""
 
     def __init__(self, search_dir: Path, plan: SearchPlan):
         self.search_dir, self.plan = Path(search_dir), plan
-        self.storage = None
+        self.storage = self.backend = None
         self.added: set[tuple[str, int]] = set()
         self.seen = 0  # records the ledger had appended when last looked at
+        self.written = 0  # logs in the file
 
     def update(self, ledger) -> None:
         import optuna
 
         if self.storage is None:
             records = ledger.records()
-            write_optuna_storage(self.search_dir, self.plan, records)
-            self.storage = optuna_storage(self.search_dir / OPTUNA_FILE)
+            self.storage, self.backend = _journal(self.plan, records)
+            write_optuna_storage_logs(self.search_dir, self.backend.logs)
+            self.written = len(self.backend.logs)
             self.added = {(r.cell, r.trial) for r in records if _frozen_trial(self.plan, r) is not None}
             self.seen = ledger.appended
             return
@@ -206,3 +248,15 @@ class LiveJournal:
                 optuna.load_study(study_name=record.cell, storage=self.storage).add_trial(trial)
                 self.added.add(key)
         self.seen = ledger.appended
+        new = self.backend.logs[self.written:]
+        if new:
+            with open(self.search_dir / OPTUNA_FILE, "ab") as f:
+                f.write(_journal_lines(new))
+            self.written = len(self.backend.logs)
+
+
+def write_optuna_storage_logs(search_dir: Path, logs: list[dict]) -> None:
+    from blockforge.io import atomic_write
+
+    data = _journal_lines(logs)
+    atomic_write(Path(search_dir) / OPTUNA_FILE, lambda tmp: Path(tmp).write_bytes(data))

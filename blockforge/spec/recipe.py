@@ -123,11 +123,16 @@ def parse_assignment(text: str) -> Assignment:
 
 
 def _field_type(cls: type, key: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    hints, names = _fields_of(cls)
     if key not in names:
-        return None, names
-    return hints[key], names
+        return None, list(names)
+    return hints[key], list(names)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of(cls: type) -> tuple[dict, tuple[str, ...]]:
+    """A settings class's type hints and init fields (resolving hints is slow; every --set and search trial asks)."""
+    return typing.get_type_hints(cls), tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def _unwrap(tp: Any) -> list[Any]:

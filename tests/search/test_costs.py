@@ -154,7 +154,7 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     picked = blockforge.load(tmp_path / "pick").spec
     assert {layer.kv_heads for layer in picked.layers} == {on[0]["overrides"]["model.kv_heads"]}
     card = (tmp_path / "pick" / "README.md").read_text()  # the card names the point it holds, with its costs
-    assert f"Point 0 of cell `depth=2`'s front" in card and f"kv_heads {on[0]['overrides']['model.kv_heads']}" in card
+    assert "Point 0 of cell `depth=2`'s front" in card and f"kv_heads {on[0]['overrides']['model.kv_heads']}" in card
     assert f"kv_cache_bytes {on[0]['costs']['kv_cache_bytes']:,.6g}" in card and "Pre-LN" not in card and "The winner of" not in card
     cheapest = min(p["costs"]["kv_cache_bytes"] for p in on)
     assert main(["export", str(out), "--under", f"kv_cache_bytes={cheapest}", "--out", str(tmp_path / "under")]) == 0

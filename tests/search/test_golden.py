@@ -84,11 +84,13 @@ def rounded(value):
 
 def decisions(plan, search_dir: Path, handed: list[dict]) -> dict:
     """Everything the search decided, as plain data."""
-    from blockforge.search.evidence import describe, evidence_by_cell
-    from blockforge.search.report import cell_fronts, transfer_section
+    from blockforge.search.evidence import describe
+    from blockforge.search.findings import Findings
+    from blockforge.search.report import transfer_section
 
     records = Ledger(search_dir / "trials.jsonl").records()
-    evidence = evidence_by_cell(plan, records)
+    found = Findings.of(plan, records)
+    evidence = found.evidence
     out = {
         "handed": [[c["cell"], c["number"], c["stage"], dict(c["overrides"]).get("train.seed"),
                     sorted((k, v) for k, v in dict(c["overrides"]).items() if k != "train.seed")] for c in handed],
@@ -97,9 +99,9 @@ def decisions(plan, search_dir: Path, handed: list[dict]) -> dict:
                             e.vs_reference.text() if e.vs_reference else None] for cell, e in evidence.items()},
     }
     if plan.costs:
-        out["fronts"] = {cell: [[describe(p.candidate), p.on_front] for p in front.points] for cell, front in cell_fronts(plan, evidence).items()}
+        out["fronts"] = {cell: [[describe(p.candidate), p.on_front] for p in front.points] for cell, front in found.fronts.items()}
     if plan.targets:
-        _, _, data = transfer_section(plan, records, evidence)
+        _, _, data = transfer_section(found)
         out["transfer"] = [[d["target"], d["predicted_k"], d["observed_k"], d["outcome"]] for d in data]
     return rounded(out)
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from blockforge.search.law import fit_alpha_law
-from blockforge.search.report import alpha_range
+from blockforge.search.law import alpha_range
 
 
 def points(law, depths, width=256, noise=()):

@@ -79,7 +79,7 @@ def test_curves_that_cross_are_not_pruned_blind_and_a_pruned_one_inside_the_cros
     assert all(r.status == "completed" and r.steps == 30 for r in promoted)
     assert "pruned at step 10" in promoted[0].note and "0.9 behind" in promoted[0].note
     assert not any(r.post_ln_layers == 4 and r.status == "completed" for r in records)
-    from blockforge.search.report import evidence_by_cell
+    from blockforge.search.evidence import evidence_by_cell
 
     evidence = evidence_by_cell(plan, records)["depth=6"]
     assert {c.post_ln_layers for c in evidence.eligible} >= {1, 3}  # the promoted model competes for the answer

@@ -280,7 +280,7 @@ def test_confirmation_records_seeds_and_verdicts_and_export_takes_the_confirmed_
     assert "paired t" in summary and "n=3" in summary and "minus Pre-LN [95% CI]" in summary
     assert any(word in outcome.summary for word in ("Pre-LN", "better", "tied", "worse"))
 
-    from blockforge.search.report import evidence_by_cell
+    from blockforge.search.evidence import evidence_by_cell
 
     evidence = evidence_by_cell(outcome_plan(path), records)["depth=4"]
     assert evidence.winner.n == 3 and evidence.winner.model in finalists
@@ -311,7 +311,7 @@ def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_se
     lrs = {r.overrides["train.lr"] for r in outcome.records if r.stage == "explore" and r.status == "completed"}
     assert len(lrs) >= 2  # the sampler moves lr as well as alpha
     assert "best lr" in outcome.summary
-    from blockforge.search.report import evidence_by_cell
+    from blockforge.search.evidence import evidence_by_cell
 
     winner = evidence_by_cell(outcome_plan(path), outcome.records)["depth=2"].winner
     best_lr = f"{winner.overrides['train.lr']:.4g}"

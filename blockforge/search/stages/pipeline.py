@@ -28,7 +28,7 @@ PROXY_STAGES: list[tuple[type[Stage], When]] = [
     (Explore, lambda plan, name: True),
     (Confirm, lambda plan, name: plan.confirm is not None and not plan.costs),
     (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
-    (Promote, lambda plan, name: plan.asha is not None),
+    (Promote, lambda plan, name: plan.asha is not None and plan.enumeration(name) is None),  # enumerated cells stop nothing early
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
 ]
 TARGET_STAGES: list[tuple[type[Stage], When]] = [
@@ -36,9 +36,9 @@ TARGET_STAGES: list[tuple[type[Stage], When]] = [
 ]
 
 
-def stage_types(plan: SearchPlan, name: str) -> list[type[Stage]]:
-    """The stages of cell `name`, in order."""
-    table = TARGET_STAGES if name in plan.target_names() else PROXY_STAGES
+def stage_types(plan: SearchPlan, name: str, as_proxy: bool = False) -> list[type[Stage]]:
+    """The stages of cell `name`, in order (`as_proxy`: those of a full search of it, even where it is a transfer target)."""
+    table = TARGET_STAGES if name in plan.target_names() and not as_proxy else PROXY_STAGES
     return [stage for stage, when in table if when(plan, name)]
 
 
@@ -56,12 +56,12 @@ def build_stages(context: "SearchContext", name: str, index: int, records: list,
     return stages
 
 
-def worst_case(plan: SearchPlan, name: str) -> dict[str, int]:
+def worst_case(plan: SearchPlan, name: str, as_proxy: bool = False) -> dict[str, int]:
     """Stage -> the most trials it may train in cell `name`: each stage's own count."""
-    explored = Explore.budget(plan, name) if name not in plan.target_names() else 0
-    return {stage.name.value: stage.worst_case(plan, name, explored) for stage in stage_types(plan, name)}
+    explored = Explore.budget(plan, name)
+    return {stage.name.value: stage.worst_case(plan, name, explored) for stage in stage_types(plan, name, as_proxy)}
 
 
-def rounds(plan: SearchPlan, name: str) -> int:
+def rounds(plan: SearchPlan, name: str, as_proxy: bool = False) -> int:
     """Stages of cell `name` that wait for the one before, each at least one trial long (racing: one per round)."""
-    return sum(stage.rounds(plan) for stage in stage_types(plan, name) if stage.worst_case(plan, name, Explore.budget(plan, name)))
+    return sum(stage.rounds(plan) for stage in stage_types(plan, name, as_proxy) if stage.worst_case(plan, name, Explore.budget(plan, name)))

@@ -38,11 +38,11 @@ class Predictions:
         return self.results is not None
 
     def _predict(self, records: list) -> None:
-        from blockforge.search.transfer import predict
+        from blockforge.search.transfer import predictions
 
         try:
             plan = self.context.plan
-            self.results = {target: predict(plan, records, target) for target in plan.target_names()}
+            self.results = predictions(plan, records, plan.target_names())
         except BaseException as err:  # handed to the searcher's thread by ready()
             self.error = err
 

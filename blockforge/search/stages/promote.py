@@ -53,6 +53,4 @@ class Promote(Stage):
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
-        if plan.enumeration(name) is not None:
-            return 0  # a cell that enumerates its points stops nothing early
         return explored * (1 + (plan.confirm.seeds if plan.confirm else 0))

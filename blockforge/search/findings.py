@@ -1,0 +1,63 @@
+"""What a search found, computed once from its ledger: every report file, the console summary and `export` read it.
+
+Each cell's evidence, its rung analysis (with a scheduler), the alpha law and its bootstrap, the fronts (with a
+cost axis), the transfer targets' predictions and outcomes, and the compute plan are each computed here exactly
+once, so the reports cost what one pass over the ledger costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blockforge.search.config import SearchPlan
+from blockforge.search.evidence import CellEvidence, evidence_by_cell
+from blockforge.search.ledger import TrialRecord
+
+
+@dataclass
+class Findings:
+    plan: SearchPlan
+    records: list[TrialRecord]
+    evidence: dict[str, CellEvidence]
+    rungs: dict = field(default_factory=dict)  # cell -> rungs.CellRungs (a search with a scheduler)
+    points: list[dict] = field(default_factory=list)  # the cells' winners as law points
+    law: object = None  # law.LawReport
+    resampled: list = field(default_factory=list)  # law.bootstrap_cells
+    boot: object = None  # law.BootstrapReport, or None
+    fronts: dict = field(default_factory=dict)  # cell -> pareto.Front (a search with a cost axis)
+    predictions: dict = field(default_factory=dict)  # target -> transfer.Prediction or None
+    cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
+    full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
+
+    @classmethod
+    def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
+        from blockforge.search.law import bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
+        from blockforge.search.plan import cell_plan, search_plan
+        from blockforge.search.rungs import cell_rungs
+
+        evidence = evidence_by_cell(plan, records)
+        by_cell: dict[str, list[TrialRecord]] = {}
+        for record in records:
+            by_cell.setdefault(record.cell, []).append(record)
+        found = cls(plan, records, evidence)
+        if plan.asha is not None:
+            found.rungs = {cell: cell_rungs(plan, by_cell.get(cell, []), cell) for cell in plan.cell_names()}
+        found.points = law_points(plan, evidence)
+        found.law = fit_alpha_law(found.points)
+        found.resampled = bootstrap_cells(plan, evidence, found.points)
+        found.boot = bootstrap_laws(found.resampled)
+        if plan.costs:
+            from blockforge.search.pareto import front_evidence
+
+            found.fronts = {cell: front_evidence(evidence[cell].eligible, plan.costs, plan.mode) for cell in plan.cell_names()}
+        if plan.targets:
+            from blockforge.search.transfer import predictions
+
+            proxies = [r for r in records if r.cell in set(plan.cell_names())]
+            found.predictions = predictions(plan, proxies, plan.target_names(), evidence, found.boot, found.points)
+        found.cell_plans = {c.cell: c for c in search_plan(plan)}
+        found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
+        return found
+
+    def of_cell(self, cell: str) -> list[TrialRecord]:
+        return [r for r in self.records if r.cell == cell]
