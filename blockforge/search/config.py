@@ -206,6 +206,7 @@ class SearchPlan:
     transfer: Transfer | None = None
     costs: list[tuple[str, str]] = field(default_factory=list)  # a cost axis: (cost, min | max) after the quality metric
     constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
+    adjustments: list[str] = field(default_factory=list)  # what loading changed in the recipes, each a sentence the driver prints
 
     def varied_keys(self) -> set[str]:
         """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
@@ -328,6 +329,16 @@ def _check_local_data(recipe: Recipe) -> None:
         raise SpecError(f"{data.path!r} is not a folder; point it at the {data.source} data", path="data.path")
 
 
+def divergence_penalty(metric: str, mode: str, max_loss: float | None) -> float:
+    """The objective a diverged trial records, in the metric's own units and worse than any real value: the divergence
+    ceiling of the loss (default 100) for a loss, its exponential for a perplexity, -1 for a metric to maximize (an
+    accuracy). The sampler learns a diverged trial as the worst it has seen, never as a good one."""
+    if mode == "max":
+        return -1.0
+    ceiling = max_loss or 100.0
+    return math.exp(ceiling) if metric.endswith("_ppl") else ceiling
+
+
 def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None, workdir: str | None = None) -> SearchPlan:
     """Read, validate and pre-flight a search file; any problem is one SpecError naming the key path.
 
@@ -430,7 +441,7 @@ def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -
                 raise fail(f"no value builds a model in cell {name} (e.g. {values[0]!r}: {err.path + ': ' if err.path else ''}{err.message})", where)
 
 
-LANGUAGE_COSTS = ("kv_cache_bytes", "inference_flops_per_token", "generate_tokens_per_s")
+LANGUAGE_COSTS = ("kv_cache_bytes", "inference_flops_per_token", "generate_tokens_per_s", "train_tokens_per_s")  # need a token
 
 
 def _objectives(spec: SearchFile, raw: dict, fail):
@@ -567,8 +578,9 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
                                where)
                 for i, (cost, _) in enumerate(costs):
                     if cost in LANGUAGE_COSTS and get_family(recipe.model.family).sample_unit != "tok":
-                        raise fail(f"{cost} is a language model's cost (a KV cache, generated tokens); model.family {recipe.model.family} "
-                                   "has none", f"objectives[{i + 1}].cost")
+                        what = "tokens trained per second" if cost == "train_tokens_per_s" else "a KV cache, generated tokens"
+                        raise fail(f"{cost} is a language model's cost ({what}); model.family {recipe.model.family} has none: choose "
+                                   "parameters or train_flops_per_token", f"objectives[{i + 1}].cost")
 
     _check_values(dimensions, cells, lambda cell, pairs: recipe_from_data(
         anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + pairs), workdir), file=str(base_path)), fail)
@@ -583,21 +595,26 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
                 f"grace_steps {asha.grace_steps} ends inside the {warmup[name]}-step learning-rate warmup{where}, where losses do not rank "
                 f"trials yet; set it above {warmup[name]}", "scheduler.asha.grace_steps",
             )
+    adjustments = []
     if asha is not None and any(every == 0 or every > asha.grace_steps for every in eval_every.values()):
         # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
+        was = ", ".join(sorted({str(every) for every in eval_every.values()}))
         eval_every = dict.fromkeys(eval_every, asha.grace_steps)
         fixed.append(("train.eval_every", asha.grace_steps))
+        adjustments.append(f"scheduler.asha: train.eval_every is set to {asha.grace_steps} (from {was}) in every cell, so each trial "
+                           f"is evaluated at every rung; it is part of every trial's identity. To choose it yourself, set "
+                           f"train.eval_every to at most {asha.grace_steps} in overrides")
     mode = objective.mode
     if costs and spec.confirm is not None and spec.confirm.max_seeds is not None:
         raise fail("races two leaders by one quality; a search with a cost axis confirms its front instead: drop max_seeds", "confirm.max_seeds")
     penalty = spec.divergence.penalty
     if penalty is None:
-        penalty = (spec.divergence.max_loss or 100.0) if mode == "min" else -1.0
+        penalty = divergence_penalty(objective.metric, mode, spec.divergence.max_loss)
     return SearchPlan(
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
-        targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints,
+        targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments,
     )

@@ -479,6 +479,8 @@ def run_search(
     from blockforge.search.plan import format_plan, search_plan
 
     print(format_plan(plan, search_plan(plan)), flush=True)
+    for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
+        print(adjustment, flush=True)
     writable_folder(search_dir, "the search")
     # One driver per search folder, from before anything is written to the end of the reports (--resume too).
     lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
 from blockforge.tables import text_table
 
 # Dense bf16 tensor-core peaks (TFLOP/s), each from its vendor's datasheet; "with sparsity" figures are twice these.
@@ -118,7 +117,7 @@ def search_plan(plan: SearchPlan) -> list[CellPlan]:
 def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = None, gpus: int | None = None, mfu: float = DEFAULT_MFU,
                 concurrency: int | None = None) -> str:
     """The plan as text: a table per cell and the totals; with `gpu`, GPU-hours and wall time."""
-    stages = [s.value for s in StageName if any(s.value in c.trials for c in cells)]
+    stages = list(dict.fromkeys(stage for c in cells for stage in c.trials))  # in pipeline order
     rows = [[c.cell + (" (target)" if c.target else ""), f"{c.parameters:,}", f"{c.non_embedding:,}", f"{c.trial_flops:.3g}", *(c.trials.get(s, 0) for s in stages),
              c.total_trials, f"{c.total_flops:.3g}"] for c in cells]
     total_flops = sum(c.total_flops for c in cells)

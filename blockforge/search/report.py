@@ -402,7 +402,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     summary = f"""# Search {plan.name}
 
 Objective: {plan.mode} {plan.metric} after {budget_text(plan)}; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
-Intervals: {METHOD} over the training seeds two models share (candidates trained with one seed see the same data order and start from the same weights).
+Intervals: {METHOD} over the training seeds two models share (candidates trained with one seed see the same data order and start from the same weights).{''.join(chr(10) + 'Adjusted: ' + a + '.' for a in plan.adjustments)}
 
 {markdown_table(headers, rows)}
 

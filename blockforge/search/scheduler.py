@@ -118,7 +118,6 @@ class CellScheduler(FIFOScheduler):
         super().__init__()
         self.plan = plan
         self.search_dir = str(search_dir)
-        self.rungs = {cell: asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.steps[cell]) for cell in plan.cell_names()}
         self.passed: dict[str, set[int]] = {}  # Tune trial id -> rungs it has been judged at (this driver)
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
@@ -140,7 +139,7 @@ class CellScheduler(FIFOScheduler):
         table = self._cell(cell).rung_table()
         decision = TrialScheduler.CONTINUE
         judged = self.passed.setdefault(trial.trial_id, set())
-        due = [rung for rung in self.rungs[cell] if rung <= step and rung not in judged]
+        due = [rung for rung in table.rungs if rung <= step and rung not in judged]
         if due and OBJECTIVE in result and self._early_stoppable(trial):
             rung = max(due)
             judged.update(due)

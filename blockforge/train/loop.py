@@ -222,7 +222,9 @@ class Trainer:
 
     def _divergence(self, step: int, loss: float) -> str | None:
         """A sentence if the run diverged at `step` (1-based), else None."""
-        advice = "try a smaller alpha (fewer Post-LN layers), a lower train.lr or a longer train.warmup"
+        advice = "try a lower train.lr or a longer train.warmup"
+        if self.recipe.model.layers.mix_ln is not None and self.recipe.spec.post_ln_count():  # Mix-LN's alpha is a suspect only where it acts
+            advice = "try a smaller alpha (fewer Post-LN layers), a lower train.lr or a longer train.warmup"
         if not math.isfinite(loss):
             return f"training diverged at step {step}: the loss became {loss}; {advice}"
         ceiling = self.cfg.divergence.max_loss or 2.0 * self.state["first_loss"]

@@ -1,7 +1,12 @@
 """Search files: defaults that are left out behave like the values they stand for."""
 
+import math
+from pathlib import Path
+
+import pytest
 import yaml
 
+from blockforge.errors import SpecError
 from blockforge.search.config import load_search
 
 from .conftest import write_search
@@ -130,3 +135,29 @@ def test_reports_compare_with_pre_ln_only_where_placements_vary(tmp_path):
     assert (alpha.varies_alpha, alpha.against_pre_ln) == (True, True)
     assert (placement.varies_alpha, placement.against_pre_ln) == (False, True)
     assert (heads.varies_alpha, heads.against_pre_ln) == (False, False)
+
+
+@pytest.mark.parametrize("objective,penalty", [({"metric": "val_loss", "mode": "min"}, 20.0),
+                                               ({"metric": "val_ppl", "mode": "min"}, math.exp(20.0))])
+def test_a_diverged_trial_scores_worse_than_any_real_one_in_the_objectives_units(tmp_path, objective, penalty):
+    """A perplexity search must not record the loss ceiling (20) as a diverged trial's perplexity: it would beat every model."""
+    plan = load_search(write_search(tmp_path, objective=objective))
+    assert plan.penalty == pytest.approx(penalty)
+
+
+def test_asha_says_when_it_sets_train_eval_every(tmp_path):
+    plan = load_search(write_search(tmp_path, overrides={"train.eval_every": 30}))  # the rung is at step 10
+    (note,) = plan.adjustments
+    assert "train.eval_every is set to 10 (from 30)" in note and "part of every trial's identity" in note
+    assert ("train.eval_every", 10) in plan.overrides
+    assert not load_search(write_search(tmp_path, overrides={"train.eval_every": 10})).adjustments
+
+
+def test_a_vit_search_on_tokens_per_second_is_refused_before_it_starts(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    search = {"name": "vit", "base": str(root / "recipes" / "vit-digits-pre.yaml"), "steps": 10, "trials_per_cell": 2,
+              "space": {"train.lr": {"choice": [1e-3, 3e-3]}}, "objectives": [{"metric": "val_loss"}, {"cost": "train_tokens_per_s"}]}
+    path = tmp_path / "vit.yaml"
+    path.write_text(yaml.safe_dump(search))
+    with pytest.raises(SpecError, match=r"objectives\[1\]\.cost: train_tokens_per_s is a language model's cost .* model.family vit has none"):
+        load_search(path)

@@ -115,3 +115,12 @@ def test_a_search_with_a_transfer_stage_trains_its_target_records_a_verdict_and_
     capsys.readouterr()
     assert main(["export", str(out), "--cell", "depth=4", "--out", str(tmp_path / "target")]) == 0
     assert blockforge.load(tmp_path / "target").spec.depth == 4
+
+
+def test_the_plan_counts_no_more_transfer_trials_than_the_k_that_exist(tmp_path):
+    from blockforge.search.plan import search_plan
+
+    # neighbours 100 at depth 8 with alpha up to 0.75: k = 0..6 exist (7), each with 2 seeds, not (2 * 100 + 2) * 2
+    plan = transfer_search(tmp_path, transfer={"to": [{"model.depth": 8}], "seeds": 2, "neighbours": 100})
+    target = next(c for c in search_plan(plan) if c.target)
+    assert target.trials == {"transfer": 7 * 2}

@@ -95,8 +95,15 @@ def test_deep_post_ln_run_is_reported_as_diverged(tmp_path, recipe_file, capsys)
                  "--set", "model.depth=16", "--set", "model.layers.default.placement=post", "--set", "model.layers.mix_ln.alpha=1.0"])
     err = capsys.readouterr().err.strip()
     assert code == EXIT_DIVERGED
-    assert err.count("\n") == 0 and "diverged at step" in err and "Traceback" not in err
+    assert err.count("\n") == 0 and "diverged at step" in err and "Traceback" not in err and "smaller alpha" in err
     assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "diverged"
+
+
+def test_a_pre_ln_run_that_diverges_is_not_told_about_alpha(tmp_path, recipe_file, capsys):
+    path = recipe_file(steps=60, warmup=0.0, lr=5.0, eval_every=0)
+    code = main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress", "--set", "model.layers.mix_ln.alpha=0.0"])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_DIVERGED and "diverged at step" in err and "lower train.lr" in err and "alpha" not in err
 
 
 def _one_line_failure(argv, capsys, needle):

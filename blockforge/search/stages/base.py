@@ -70,7 +70,8 @@ class Finalist:
 class Stage:
     """A stage of a cell's pipeline. Subclasses override what they do; the defaults do nothing."""
 
-    name: StageName
+    name: StageName  # what the stage is; its trials' records say explore, confirm or transfer (Trial.stage)
+    label: str | None = None  # how compute plans name its column (default: name's value)
     on_demand = False  # hands out trials when asked (exploration), rather than queueing them when opened
 
     def active(self, cell: "Cell") -> bool:
@@ -94,6 +95,10 @@ class Stage:
 
     def taken_in(self, cell: "Cell", trial: Trial, record: TrialRecord) -> None:
         """A trained trial of this stage that a resumed driver learns of from the ledger."""
+
+    @classmethod
+    def key(cls) -> str:
+        return cls.label or cls.name.value
 
     @classmethod
     def worst_case(cls, plan: "SearchPlan", name: str, explored: int) -> int:

@@ -59,7 +59,7 @@ def build_stages(context: "SearchContext", name: str, index: int, records: list,
 def worst_case(plan: SearchPlan, name: str, as_proxy: bool = False) -> dict[str, int]:
     """Stage -> the most trials it may train in cell `name`: each stage's own count."""
     explored = Explore.budget(plan, name)
-    return {stage.name.value: stage.worst_case(plan, name, explored) for stage in stage_types(plan, name, as_proxy)}
+    return {stage.key(): stage.worst_case(plan, name, explored) for stage in stage_types(plan, name, as_proxy)}
 
 
 def rounds(plan: SearchPlan, name: str, as_proxy: bool = False) -> int:

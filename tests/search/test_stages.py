@@ -1,0 +1,59 @@
+"""Stages as objects: a new stage is one class and one line where pipelines are built. Here a trivial one,
+defined in this test, retrains each cell's winner with one more seed after everything else: the searcher runs
+it without knowing it, its trials are recorded and trained, and the compute plan counts them."""
+
+import pytest
+
+from blockforge.search.config import load_search
+from blockforge.search.ledger import Ledger, StageName
+from blockforge.search.plan import search_plan
+from blockforge.search.searcher import CellSearcher
+from blockforge.search.stages import pipeline
+from blockforge.search.stages.base import Stage
+
+from .conftest import drive, write_search
+
+
+class Recheck(Stage):
+    """Once the cell is idle at the end: its best model so far, once more, with a seed no stage used."""
+
+    name = StageName.CONFIRM  # its trials are replicates of a finalist
+    label = "recheck"
+
+    def __init__(self, plan):
+        self.plan, self.done = plan, False
+
+    def open(self, cell):
+        if self.done:
+            return False
+        self.done = True
+        winner = cell.evidence(1).winner
+        if winner is not None:
+            cell.enqueue(winner.overrides, cell.base_seed + 99, note="recheck")
+        return bool(cell.queue)
+
+    @classmethod
+    def worst_case(cls, plan, name, explored):
+        return 1
+
+
+@pytest.fixture
+def with_recheck(monkeypatch):
+    monkeypatch.setattr(pipeline, "PROXY_STAGES", [*pipeline.PROXY_STAGES, (Recheck, lambda plan, name: True)])  # the one line
+
+
+def test_a_stage_is_one_class_and_one_line_in_the_pipeline(tmp_path, with_recheck):
+    plan = load_search(write_search(tmp_path, scheduler=None, confirm={"top": 1, "seeds": 1}))
+    handed = drive(CellSearcher(plan, str(tmp_path / "s")), lambda c: 5.0 + dict(c["overrides"])["model.layers.mix_ln.alpha"])
+    rechecked = [r for r in Ledger(tmp_path / "s" / "trials.jsonl").records() if r.note == "recheck"]
+    assert {r.cell for r in rechecked} == set(plan.cell_names()) and all(r.seed == 99 and r.status == "completed" for r in rechecked)
+    assert handed[-1]["cell"] in plan.cell_names() and sum(c["number"] for c in handed) >= 0
+    for cell in search_plan(plan):
+        assert cell.trials["recheck"] == 1 and list(cell.trials)[-1] == "recheck"
+
+
+def test_every_stage_counts_its_own_worst_case():
+    from blockforge.search.stages.base import Stage as Base
+
+    for stage, _ in pipeline.PROXY_STAGES + pipeline.TARGET_STAGES:
+        assert issubclass(stage, Base) and stage.worst_case is not Base.worst_case, stage
