@@ -95,6 +95,13 @@ class Dimension:
         low, high = self.args
         return Dimension(self.key, "layers", (mix_ln_count(low, depth), mix_ln_count(high, depth)), depth)
 
+    def probes(self) -> list:
+        """The values a search probes this dimension at before it starts (validity, sizes, memory plans): every listed
+        value, or a range's two ends (as recipe values)."""
+        if self.kind in ("choice", "grid"):
+            return list(self.args)
+        return [self.to_value(self.args[0]), self.to_value(self.args[-1])]
+
     def to_value(self, param: Any) -> Any:
         """The recipe value for a sampler value."""
         return param / self.depth if self.kind == "layers" else param
@@ -279,6 +286,11 @@ class SearchPlan:
                 points.append(point)
         return points
 
+    def probes(self, name: str) -> list[dict[str, Any]]:
+        """The points cell `name` is probed at before the search starts (compute and memory plans): its base point, each
+        baseline, and each searched value alone (Dimension.probes). Loading checks the same values (_check_values)."""
+        return [{}] + [dict(b) for b in self.baselines] + [{d.key: v} for d in self.dimensions_in(name) for v in d.probes()]
+
     def recipe(self, overrides: list[tuple[str, Any]]) -> Recipe:
         return recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
 
@@ -420,7 +432,7 @@ def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -
     where every trial would fail. Values valid only in some cells stay (their trials there fail, free).
     Continuous ranges are checked at both ends."""
     for d in dimensions:
-        values = list(d.args) if d.kind in ("choice", "grid") else [d.args[0], d.args[-1]]
+        values = d.probes()
         errors: dict[int, dict[str, SpecError]] = {}
         for i, value in enumerate(values):
             for cell in cells:
@@ -460,6 +472,9 @@ def _objectives(spec: SearchFile, raw: dict, fail):
         return spec.objective, [], {}
     if isinstance(raw, dict) and raw.get("objective") is not None:
         raise fail("give objective or objectives, not both", "objectives")
+    if not spec.objectives:
+        raise fail("is empty; list the quality metric first, then costs (e.g. [{metric: val_loss}, {cost: kv_cache_bytes}]), "
+                   "or use objective", "objectives")
     first, *rest = spec.objectives
     if first.metric is None:
         raise fail("must be the quality metric (e.g. {metric: val_loss}); the costs follow it", "objectives[0]")
@@ -610,7 +625,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
     penalty = spec.divergence.penalty
     if penalty is None:
         penalty = divergence_penalty(objective.metric, mode, spec.divergence.max_loss)
-    return SearchPlan(
+    plan = SearchPlan(
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
@@ -618,3 +633,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments,
     )
+    from blockforge.search.costs import check_constraints
+
+    check_constraints(plan)  # costs come from the spec: a constraint nothing meets is refused before anything runs
+    return plan

@@ -88,3 +88,49 @@ def measured_costs(recipe, folder: Path, device: str = "cpu", steps: int = 5) ->
     out = {"train_tokens_per_s": train, "generate_tokens_per_s": generate}
     atomic_write_json(path, out)
     return out
+
+
+CANDIDATE_CAP = 4096  # combinations of probed values a cell is checked at before a search starts
+
+
+def check_constraints(plan) -> None:
+    """Refuse, before anything runs, a constraint no candidate can meet: each cell's candidates are its baselines and
+    every combination of each searched dimension's probed values (every listed value, a range's two ends; when that
+    makes more than CANDIDATE_CAP points, each value alone), their computed costs taken from the spec."""
+    import itertools
+
+    from blockforge.errors import SpecError
+
+    if not plan.constraints:
+        return
+    names = tuple(plan.constraints)
+    reached: dict[str, list[tuple[float, str]]] = {cost: [] for cost in names}
+    cache: dict[str, dict[str, float]] = {}
+    for cell in plan.cell_names():
+        dims = plan.dimensions_in(cell)
+        combos = list(itertools.islice(itertools.product(*(d.probes() for d in dims)), CANDIDATE_CAP + 1))
+        points = ([dict(zip((d.key for d in dims), combo)) for combo in combos] if len(combos) <= CANDIDATE_CAP
+                  else plan.probes(cell)) + [dict(b) for b in plan.baselines]
+        for point in points:
+            try:
+                recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), point))
+            except SpecError:
+                continue  # a point no model is built at: its trials fail, free
+            key = f"{recipe.spec.arch_hash()}|{recipe.train.micro_batch}"
+            if key not in cache:
+                cache[key] = computed_costs(recipe, names)
+            where = f"cell {cell}" + (", " + ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in point.items()) if point else "")
+            for cost in names:
+                reached[cost].append((cache[key][cost], where))
+    for cost, (low, high) in plan.constraints.items():
+        values = reached[cost]
+        if not values or any((low is None or v >= low) and (high is None or v <= high) for v, _ in values):
+            continue
+        if high is not None and all(v > high for v, _ in values):
+            value, where = min(values)
+            raise SpecError(f"no candidate meets max {high:g}: the smallest {cost} any candidate reaches is {value:g} ({where}); raise the "
+                            "bound or change the space", path=f"constraints.{cost}", file=plan.file)
+        value, where = max(values)
+        raise SpecError(f"no candidate meets min {low:g}" + (f" and max {high:g}" if high is not None else "")
+                        + f": the largest {cost} any candidate reaches is {value:g} ({where}); change the bounds or the space",
+                        path=f"constraints.{cost}", file=plan.file)

@@ -77,20 +77,6 @@ def trial_flops(recipe) -> tuple[int, int, float]:
     return costs.parameters, costs.non_embedding, float(flops)
 
 
-def _probes(plan: SearchPlan, name: str) -> list[dict]:
-    """The points whose size is measured: the base point, the baselines, and each searched value alone."""
-    probes = [{}] + [dict(b) for b in plan.baselines]
-    for d in plan.dimensions_in(name):
-        if d.kind in ("uniform", "loguniform"):
-            values = [d.args[0], d.args[1]]
-        elif d.kind in ("int", "layers"):
-            values = [d.to_value(d.args[0]), d.to_value(d.args[1])]
-        else:
-            values = list(d.args)
-        probes += [{d.key: v} for v in values]
-    return probes
-
-
 def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:
     """Cell `name`'s sizes and, per stage of its pipeline, the most trials that stage may train (its own count);
     `as_proxy`: of a full search of it (what a transfer target's trials are compared with)."""
@@ -98,7 +84,7 @@ def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:
     from blockforge.search.stages.pipeline import rounds, worst_case
 
     sizes = []
-    for probe in _probes(plan, name):
+    for probe in plan.probes(name):
         try:
             sizes.append(trial_flops(plan.recipe(plan.trial_overrides(plan.cell(name), probe))))
         except SpecError:

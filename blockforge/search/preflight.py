@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from blockforge.errors import SpecError
 from blockforge.search.config import SearchPlan, cell_name
@@ -23,14 +22,6 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
 
-def _probes(plan: SearchPlan) -> list[dict[str, Any]]:
-    """The searched values a cell's models are planned with: none, each baseline, each value of the space alone."""
-    probes: list[dict[str, Any]] = [{}] + list(plan.baselines)
-    for d in plan.dimensions:
-        probes += [{d.key: value} for value in d.args]  # a range's ends, or every listed value
-    return probes
-
-
 def memory_needs(plan: SearchPlan) -> dict[str, int]:
     """Per cell, the largest memory plan of its candidate models: bytes per training process."""
     from blockforge.train.memory import memory_plan
@@ -40,7 +31,7 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
     for cell in plan.cells + plan.targets:
         name = cell_name(cell)
         gpus = plan.resources_of("transfer" if cell in plan.targets else "explore").data_parallel
-        for probe in _probes(plan):
+        for probe in plan.probes(name):
             try:
                 recipe = plan.recipe(plan.trial_overrides(cell, probe))
             except SpecError:

@@ -59,6 +59,10 @@ class Bound:
     def check(self, path: str) -> None:
         if self.min is None and self.max is None:
             raise SpecError("bounds nothing; give max (or min), e.g. {max: 1.0e+6}", path=path)
+        for name in ("min", "max"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise SpecError(f"must be a finite number, not {value}", path=f"{path}.{name}")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise SpecError(f"min {self.min:g} is above max {self.max:g}", path=path)
 

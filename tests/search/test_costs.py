@@ -181,3 +181,25 @@ def test_the_plan_bounds_what_a_cost_axis_search_trains(tmp_path):
     (cell,) = search_plan(plan)
     assert len(confirmed) > (2 + 1 + 1) * 1  # more finalists than top + baselines + a Pre-LN reference
     assert len(confirmed) <= cell.trials["confirm"] and len(handed) <= cell.total_trials
+
+
+@pytest.mark.parametrize("bound,needle", [
+    ({"max": 1000}, "constraints.kv_cache_bytes: no candidate meets max 1000: the smallest kv_cache_bytes any candidate reaches is 2048"),
+    ({"max": -5}, "constraints.kv_cache_bytes: no candidate meets max -5: the smallest"),
+    ({"min": 1e9}, "constraints.kv_cache_bytes: no candidate meets min 1e+09: the largest kv_cache_bytes any candidate reaches is 8192"),
+])
+def test_a_constraint_no_candidate_meets_is_refused_before_the_search_starts(tmp_path, bound, needle):
+    from blockforge.errors import SpecError
+
+    path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, baselines=[], trials_per_cell=3, overrides={"model.heads": 4},
+                        space={"model.kv_heads": {"choice": [1, 2, 4]}}, objective=None,
+                        objectives=[{"metric": "val_loss"}, {"cost": "kv_cache_bytes"}], constraints={"kv_cache_bytes": bound})
+    with pytest.raises(SpecError, match=needle.replace("+", r"\+")):
+        load_search(path)
+
+
+def test_an_empty_objectives_list_is_one_sentence(tmp_path):
+    from blockforge.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"objectives: is empty; list the quality metric first"):
+        load_search(write_search(tmp_path, objective=None, objectives=[]))
