@@ -505,6 +505,12 @@ def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address
         if started["fingerprint"] != plan.fingerprint():
             raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
                                   f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
+    if resume:  # a damaged ledger is repaired from its copy and the run folders, or refused: never resumed into less
+        from blockforge.search.repair import repair_ledger
+
+        repaired = repair_ledger(search_dir, plan.metric, resume_command(path, search_dir, overrides))
+        if repaired:
+            print(repaired, flush=True)
     ledger = Ledger.reopen(search_dir / "trials.jsonl")  # the searcher opens it again when it starts
     with Interrupts(resume_command(path, search_dir, overrides)) as interrupts:
         started_here = ensure_ray(address)

@@ -58,6 +58,7 @@ class TrialRecord:
     run_dir: str = ""
     note: str = ""
     promoted: str = ""  # why a pruned model was brought back to the full budget (empty: it was not); a finalist from then on
+    seq: int = 0  # the ledger's line number when written (0: a ledger from before it), so two copies merge in order
 
 
 FIELDS = {f.name for f in fields(TrialRecord)}
@@ -102,6 +103,8 @@ class Ledger:
         self._latest: dict[tuple[str, int], TrialRecord] | None = None
         self._sorted: list[TrialRecord] | None = None
         self._appended: list[TrialRecord] = []  # what this instance appended, in order
+        self._seq = 0
+        self.damage: list[int] = []  # line numbers (1-based) of the file that are not records, but for a cut last line
 
     @property
     def appended(self) -> int:
@@ -118,26 +121,26 @@ class Ledger:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"])
 
+    @property
+    def backup(self) -> Path:
+        """The second copy every record is also appended to (trials.backup.jsonl): what repairs a damaged ledger."""
+        return self.path.with_name(self.path.stem + ".backup" + self.path.suffix)
+
     def _held(self) -> dict[tuple[str, int], TrialRecord]:
-        if self._latest is None:
-            self._latest = {}
-            if self.path.exists():
-                for line in self.path.read_text().splitlines():
-                    record = parse_record(line)
-                    if record is not None:  # a cut line: the trial's previous record stands
-                        self._latest[(record.cell, record.trial)] = record
+        if self._latest is None:  # both copies, merged: a record damaged or lost in one is read from the other
+            main, self.damage = read_lines(self.path)
+            self._latest = merged(main, read_lines(self.backup)[0])
+            self._seq = max((r.seq for r in self._latest.values()), default=0)
         return self._latest
 
     def append(self, record: TrialRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._held()
+        self._seq += 1
+        record = replace(record, seq=self._seq)
         line = (json.dumps(asdict(record), default=str) + "\n").encode()
-        with open(self.path, "ab+") as f:
-            end = f.seek(0, os.SEEK_END)
-            if end:
-                f.seek(end - 1)
-                if f.read(1) != b"\n":
-                    line = b"\n" + line  # a line cut short by a kill stays on its own, not glued to this one
-            f.write(line)
+        for path in (self.path, self.backup):
+            _append_line(path, line)
         self._held()[(record.cell, record.trial)] = record
         self._appended.append(record)
         self._sorted = None
@@ -158,3 +161,40 @@ class Ledger:
         for record in stopped:
             self.append(record)
         return stopped
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    with open(path, "ab+") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                line = b"\n" + line  # a line cut short by a kill stays on its own, not glued to this one
+        f.write(line)
+
+
+def read_lines(path: Path) -> tuple[list[TrialRecord], list[int]]:
+    """The records of a ledger file in order, and the numbers of its lines that are not records: a last line cut short
+    by a kill is expected (its trial's previous record stands) and is not counted; any other is damage."""
+    if not path.exists():
+        return [], []
+    lines = path.read_text(errors="replace").splitlines()
+    records, damaged = [], []
+    for number, line in enumerate(lines, start=1):
+        record = parse_record(line)
+        if record is not None:
+            records.append(record)
+        elif line.strip() and number != len(lines):
+            damaged.append(number)
+    return records, damaged
+
+
+def merged(*copies: list[TrialRecord]) -> dict[tuple[str, int], TrialRecord]:
+    """The latest record of every trial over copies of a ledger: by `seq` where written, else by line order."""
+    latest: dict[tuple[str, int], TrialRecord] = {}
+    for records in copies:
+        for record in records:
+            key = (record.cell, record.trial)
+            if key not in latest or record.seq >= latest[key].seq:
+                latest[key] = record
+    return latest

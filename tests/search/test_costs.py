@@ -160,6 +160,16 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert main(["export", str(out), "--under", f"kv_cache_bytes={cheapest}", "--out", str(tmp_path / "under")]) == 0
     assert main(["export", str(out), "--under", "kv_cache_bytes=10", "--out", str(tmp_path / "none")]) == 2
     assert "no front point of cell depth=2 is within it" in capsys.readouterr().err
+    for flags, needle in [(["--pick", "-1"], "--pick -1: cell depth=2's front has points 0.."), (["--pick", "99"], "--pick 99"),
+                          (["--pick", "x"], "--pick: invalid int value"), (["--under", "kv_cache_bytes=abc"], "'abc' is not a number"),
+                          (["--under", "speed"], "give COST=X with a cost of this search (kv_cache_bytes)"),
+                          (["--under", "parameters=5"], "give COST=X with a cost of this search"),
+                          (["--pick", "0", "--under", "kv_cache_bytes=1e9"], "give --pick or --under, not both"),
+                          (["--pick", "0", "--dtype", "fp8"], "--dtype: invalid choice")]:
+        assert main(["export", str(out), *flags, "--out", str(tmp_path / "bad")]) == 2, flags
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert needle in err and "\n" not in err and "Traceback" not in err and not (tmp_path / "bad").exists(), (flags, err)
     again = run_search(path, out=out, resume=True, progress_every_s=0)
     assert json.loads((out / "pareto.json").read_text())["depth=2"] == front and len(again.records) == len(outcome.records)
 

@@ -81,6 +81,25 @@ CASES = {
     "name with a slash": ({"name": "a/b"}, [], "name"),
     "name with a control character": ({"name": "a\x01b"}, [], "name"),
     "name empty": ({"name": ""}, [], "name"),
+    # objectives and constraints: what a cost axis may say
+    "objectives empty": ({"objective": None, "objectives": []}, [], "objectives"),
+    "objectives not a list": ({"objective": None, "objectives": {"metric": "val_loss"}}, [], "objectives"),
+    "an objective that is neither metric nor cost": ({"objective": None, "objectives": [{"metric": "val_loss"}, {}]}, [], "objectives[1]"),
+    "a constraint bound .nan": ({"objective": None, "objectives": [{"metric": "val_loss"}, {"cost": "parameters"}],
+                                 "constraints": {"parameters": {"max": float("nan")}}}, [], "constraints.parameters.max"),
+    "a constraint no candidate meets": ({"objective": None, "objectives": [{"metric": "val_loss"}, {"cost": "parameters"}],
+                                         "constraints": {"parameters": {"max": 10}}}, [], "constraints.parameters: no candidate meets max 10"),
+    "a constraint with min above max": ({"objective": None, "objectives": [{"metric": "val_loss"}, {"cost": "parameters"}],
+                                         "constraints": {"parameters": {"min": 10, "max": 5}}}, [], "constraints.parameters"),
+    # the transfer stage's own settings
+    "transfer neighbours negative": ({"transfer": {"to": [{"model.depth": 8}], "neighbours": -1}}, [], "transfer.neighbours"),
+    "transfer with no target": ({"transfer": {"to": []}}, [], "transfer.to"),
+    "transfer target with an unknown key": ({"transfer": {"to": [{"model.depht": 8}]}}, [], "transfer.to[0]"),
+    # parametrizations and the newer per-layer fields, set through the search file
+    "mup without a base width": ({"overrides": {"model.parametrization": "mup"}}, [], "base_width"),
+    "a negative attention soft cap": ({"overrides": {"model.layers.default.attn_logit_softcap": -1.0}}, [], "attn_logit_softcap"),
+    "a zero linear RoPE factor": ({"overrides": {"model.layers.default.rope_linear_factor": 0.0}}, [], "rope_linear_factor"),
+    "an unknown qk_norm_over": ({"overrides": {"model.layers.default.qk_norm_over": "everything"}}, [], "qk_norm_over"),
     # what the cluster and the memory plan refuse
     "a width too large to lay out": ({"cells": {"model.width": [10**12]}}, [], "width=1000000000000"),
     "a model larger than the node": ({"cells": {"model.width": [10**6]}}, [], "width=1000000"),

@@ -1,0 +1,102 @@
+"""A damaged ledger is repaired before a resume, or refused by name: never resumed into a smaller answer.
+
+A search is stopped half-way (driven without Ray: the runs write metrics.jsonl and, when finished, result.json,
+as trials do), its ledger is damaged in each way a kill, a full disk or a user can damage it, and the search is
+resumed from it; the answer must be the undamaged resume's."""
+
+import json
+import shutil
+
+import pytest
+
+from blockforge.errors import BlockforgeError
+from blockforge.search.config import load_search
+from blockforge.search.evidence import evidence_by_cell
+from blockforge.search.ledger import Ledger
+from blockforge.search.repair import repair_ledger
+from blockforge.search.searcher import CellSearcher
+
+from .conftest import drive_curves, write_search
+from .test_golden import NoScheduler
+
+
+def curve(config):
+    k = round(dict(config["overrides"])["model.layers.mix_ln.alpha"] * 4)
+    seed = dict(config["overrides"])["train.seed"]
+    return {10: 7.0, 20: 6.0 - 0.01 * seed, 30: 5.0 + 0.1 * abs(k - 1) + 0.02 * seed}
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """A search stopped after 5 trials (the plan, and the folder it left)."""
+    plan = load_search(write_search(tmp_path, cells={"model.depth": [4]}, scheduler=None, trials_per_cell=4,
+                                    space={"model.layers.mix_ln.alpha": {"grid": [0.0, 0.25, 0.5, 0.75]}}, sampler={"grid": {}},
+                                    baselines=[], confirm={"top": 1, "seeds": 1}))
+    folder = tmp_path / "search"
+    searcher = CellSearcher(plan, str(folder))
+    drive_curves(searcher, NoScheduler(), curve, stop_after=lambda handed: len(handed) >= 5)
+    for record in Ledger(folder / "trials.jsonl").records():
+        if record.status == "completed":
+            (folder / record.run_dir.split(str(folder) + "/", 1)[1] / "result.json").write_text(
+                json.dumps({"status": "completed", "step": record.steps, "metrics": {"val_loss": record.value}}))
+    return plan, folder
+
+
+def resumed_answer(plan, folder) -> list:
+    searcher = CellSearcher(plan, str(folder), from_ledger=True)
+    drive_curves(searcher, NoScheduler(), curve)
+    records = Ledger(folder / "trials.jsonl").records()
+    evidence = evidence_by_cell(plan, records)["depth=4"]
+    finished = sorted((r.seed, r.post_ln_layers, r.status, r.value) for r in records if r.status in ("completed", "diverged"))
+    return [evidence.claim(), finished]
+
+
+def damage(folder, how):
+    main, backup = folder / "trials.jsonl", folder / "trials.backup.jsonl"
+    lines = main.read_text().splitlines(keepends=True)
+    if how == "a cut last line":  # killed while writing a completion: the main copy has half of it, the backup none
+        last = json.loads(lines[-1])
+        assert last["status"] == "completed"
+        main.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+        backup.write_text("".join(backup.read_text().splitlines(keepends=True)[:-1]))
+    elif how == "empty":
+        main.write_text("")
+    elif how == "deleted":
+        main.unlink()
+    elif how == "a line of garbage in the middle":
+        lines[len(lines) // 2] = "\x00\x00 not json at all\n"
+        main.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("how", ["a cut last line", "empty", "deleted", "a line of garbage in the middle"])
+def test_a_damaged_ledger_resumes_into_the_undamaged_answer(stopped, tmp_path, how):
+    plan, folder = stopped
+    undamaged = tmp_path / "undamaged"
+    shutil.copytree(folder, undamaged)
+    damage(folder, how)
+    said = repair_ledger(folder, plan.metric, "blockforge search ... --resume")
+    assert said is not None and "repaired before resuming" in said and "\n" not in said
+    assert resumed_answer(plan, folder) == resumed_answer(plan, undamaged)
+
+
+def test_a_ledger_with_a_damaged_line_and_no_copy_is_refused_with_how_to_recover(stopped):
+    plan, folder = stopped
+    (folder / "trials.backup.jsonl").unlink()
+    damage(folder, "a line of garbage in the middle")
+    with pytest.raises(BlockforgeError, match=r"line \d+ is not a record .* no trials.backup.jsonl to restore it from, so finished trials "
+                                              r"could be missing; restore trials.jsonl from a copy, then resume with: RESUME"):
+        repair_ledger(folder, plan.metric, "RESUME")
+
+
+def test_run_folders_no_record_names_are_refused(stopped):
+    plan, folder = stopped
+    (folder / "trials.jsonl").unlink()
+    (folder / "trials.backup.jsonl").unlink()
+    with pytest.raises(BlockforgeError, match=r"both copies of the ledger are empty or missing, while \d+ trial run folder\(s\)"):
+        repair_ledger(folder, plan.metric, "RESUME")
+
+
+def test_an_intact_ledger_needs_no_repair(stopped):
+    plan, folder = stopped
+    before = (folder / "trials.jsonl").read_text()
+    assert repair_ledger(folder, plan.metric, "RESUME") is None and (folder / "trials.jsonl").read_text() == before
