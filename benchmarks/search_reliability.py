@@ -16,6 +16,9 @@ fraction of the grid with seeds.
 
     python benchmarks/search_reliability.py [--cells llama-d6,llama-d12,vit-d6] [--seeds 5] [--repeats 3]
                                             [--truth-only] [--out runs/bench-reliability]
+    python benchmarks/search_reliability.py --quick   # llama-d6 only, 3 seeds, one search: exits 1 if the search
+                                                      # contradicts the ground truth or misses its tied-best set
+                                                      # (make test-slow runs it; under 10 minutes on two cores)
 
 Every search folder is kept, so an interrupted run resumes where it stopped.
 """
@@ -143,7 +146,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="searches per cell and concurrency, each with its own seeds")
     parser.add_argument("--truth-only", action="store_true")
     parser.add_argument("--out", default="runs/bench-reliability")
+    parser.add_argument("--quick", action="store_true", help="one known-answer cell (llama-d6), 3 seeds, one search; exit 1 when it fails")
     args = parser.parse_args()
+    if args.quick:
+        args.cells, args.seeds, args.repeats = "llama-d6", 3, 1
     report = {}
     for cell in args.cells.split(","):
         make, depth, eval_every = CELLS[cell]
@@ -170,7 +176,7 @@ def main() -> None:
         report[cell] = entry
         if args.truth_only:
             continue
-        for concurrency, r in itertools.product((1, None), range(1, args.repeats + 1)):
+        for concurrency, r in itertools.product((None,) if args.quick else (1, None), range(1, args.repeats + 1)):
             name = f"search-{r}-mc{concurrency or 'default'}"
             data = copy.deepcopy(template)
             data["overrides"] = {**data.get("overrides", {}), "train.seed": 1000 * r + (0 if concurrency == 1 else 500)}
@@ -204,6 +210,11 @@ def main() -> None:
               f"{sum(r['in_tied_best'] for r in rows)}/{len(rows)}, contradictions {sum(r['contradicts'] for r in rows)}, overclaims "
               f"{sum(r['overclaims'] for r in rows)}, compute {statistics.mean(r['fraction'] for r in rows):.0%} of the grid with {args.seeds} seeds")
     (Path(args.out) / "summary.json").write_text(json.dumps(report, indent=2, default=str))
+    if args.quick:
+        rows = [row for entry in report.values() for row in entry["repeats"]]
+        failed = [row for row in rows if row["contradicts"] or not row["in_tied_best"] or not row["best_k_trained"]]
+        print(f"quick check: {len(rows) - len(failed)} of {len(rows)} searches found the known answer")
+        raise SystemExit(1 if failed or not rows else 0)
 
 
 if __name__ == "__main__":

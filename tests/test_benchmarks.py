@@ -24,3 +24,12 @@ def test_gpu_throughput_script_runs_on_tiny_configs(tmp_path):
                       "vit-small blockforge pre", "vit-small blockforge mix", "vit-small timm VisionTransformer"}
     assert all(row["tok_or_img_per_s"] > 0 for row in result["rows"])
     assert "blockforge pre / HF" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_quick_reliability_check_finds_the_known_answer(tmp_path):
+    """One known-answer cell searched as a user would: re-measured whenever search code changes (make test-slow)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_reliability.py"), "--quick", "--out", str(tmp_path / "rel")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "quick check: 1 of 1 searches found the known answer" in done.stdout

@@ -27,6 +27,7 @@ DISCRETE = ("int", "choice", "grid", "layers")
 MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
 MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
 SEED_KEY = "train.seed"
+LR_KEY = "train.lr"
 MARKER = "search.json"  # in a search folder: the search file, --set overrides and start directory it was started with
 OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
 
@@ -285,6 +286,10 @@ class SearchPlan:
             if point not in points:
                 points.append(point)
         return points
+
+    def shared_lr(self, name: str) -> float:
+        """The learning rate cell `name` trains every model at (unless the search varies it)."""
+        return self.recipe(self.trial_overrides(self.cell(name), {})).train.lr
 
     def probes(self, name: str) -> list[dict[str, Any]]:
         """The points cell `name` is probed at before the search starts (compute and memory plans): its base point, each
@@ -562,6 +567,10 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
     elif any(d.kind == "grid" for d in dimensions):
         raise fail("grid values need sampler: {grid: {}}; use choice for tpe or random", "space")
     trials = spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
+    if spec.confirm is not None and spec.confirm.lr is not None and (LR_KEY in spec.space or LR_KEY in spec.cells):
+        where = "space" if LR_KEY in spec.space else "cells"
+        raise fail(f"trains the finalists over its own learning-rate grid, and {LR_KEY} varies here already ({where}); drop one of them",
+                   "confirm.lr")
     if spec.confirm is not None and (SEED_KEY in spec.space or SEED_KEY in spec.cells):
         where = "space" if SEED_KEY in spec.space else "cells"
         raise fail(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm", f"{where}.{SEED_KEY}")

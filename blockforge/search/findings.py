@@ -28,6 +28,7 @@ class Findings:
     predictions: dict = field(default_factory=dict)  # target -> transfer.Prediction or None
     cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
     full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
+    lr_checks: dict = field(default_factory=dict)  # cell -> lr_check.LrCheck (with confirm.lr)
 
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
@@ -55,6 +56,10 @@ class Findings:
 
             proxies = [r for r in records if r.cell in set(plan.cell_names())]
             found.predictions = predictions(plan, proxies, plan.target_names(), evidence, found.boot, found.points)
+        if plan.confirm is not None and plan.confirm.lr is not None:
+            from blockforge.search.lr_check import lr_check
+
+            found.lr_checks = {cell: lr_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
         found.cell_plans = {c.cell: c for c in search_plan(plan)}
         found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
         return found

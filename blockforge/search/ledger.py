@@ -23,13 +23,14 @@ COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers"
 
 class StageName(str, Enum):
     """The one stage vocabulary: ledger records, the searcher's stages, compute plans and reports. A trial record's
-    stage is explore, confirm (a finalist's replicate, racing's and promotion's included) or transfer."""
+    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr or transfer."""
 
     EXPLORE = "explore"
     CONFIRM = "confirm"
     RACING = "racing"
     PROMOTION = "promotion"
     TRANSFER = "transfer"
+    LR = "lr"  # a finalist or the Pre-LN reference at another learning rate (confirm.lr)
 
     def __str__(self) -> str:
         return self.value

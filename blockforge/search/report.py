@@ -343,6 +343,40 @@ def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
     return "\n".join(parts), lines, data
 
 
+def basis_section(found: Findings) -> list[str]:
+    """Per cell, what its verdict rests on: the training length and learning rate it was measured at, and whether a
+    check at another length (a transfer target that lengthens training) or at each candidate's own learning rate
+    (confirm.lr) exists, with its outcome."""
+    from blockforge.spec.family import get_family
+
+    plan = found.plan
+    outcomes = {}
+    for target, prediction in found.predictions.items():
+        if prediction is not None:
+            from blockforge.search.transfer import judge
+
+            outcomes[target] = (prediction, judge(plan, found.records, prediction).outcome)
+    lines = []
+    for cell in plan.cell_names():
+        recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
+        train, family = recipe.train, get_family(recipe.model.family)
+        per_step = train.batch_size * (recipe.model.context if family.sample_unit == "tok" else 1)
+        unit = "tokens" if family.sample_unit == "tok" else "samples"
+        lr = "searched lr" if any(d.key == "train.lr" for d in plan.dimensions) else f"shared lr {train.lr:g}"
+        text = f"{cell}: measured at {train.steps} steps ({train.steps * per_step:,} {unit}), {lr}"
+        longer = [f"{t} at {plan.steps[t]} steps: {outcome}" for t, (p, outcome) in outcomes.items()
+                  if p.nearest == cell and plan.steps[t] != plan.steps[cell]]
+        text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it)")
+        check = found.lr_checks.get(cell)
+        if plan.confirm is not None and plan.confirm.lr is not None:
+            text += "; lr check: " + (("lr-robust" if check.robust else "not lr-robust") + f" ({check.best_verdict} at each one's best lr)"
+                                      if check else "not trained yet")
+        else:
+            text += "; lr check: none (confirm.lr trains the finalists over a grid)"
+        lines.append(text + ".")
+    return lines
+
+
 def budget_text(plan: SearchPlan) -> str:
     """'150 steps', or each cell's steps when cells differ."""
     budgets = set(plan.steps.values())
@@ -370,6 +404,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     if points:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    basis = basis_section(found)
+    lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
+    lr_markdown = ("\n## Learning rate: verdicts at each candidate's own learning rate\n\n" + "\n".join("- " + line for line in lr_lines) + "\n"
+                   if lr_lines else "")
     pareto_markdown, pareto_lines = "", []
     if plan.costs:
         fronts = found.fronts
@@ -408,6 +446,10 @@ Intervals: {METHOD} over the training seeds two models share (candidates trained
 
 {chr(10).join('- ' + c for c in claims)}
 
+What each answer rests on:
+
+{chr(10).join('- ' + line for line in basis)}
+{lr_markdown}
 {views}
 
 ## Candidates per cell
@@ -441,5 +483,5 @@ below are fitted to k/L.
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return (console + "\n\n" + "\n".join(claims + pareto_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
+    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))

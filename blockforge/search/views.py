@@ -20,7 +20,7 @@ from pathlib import Path
 
 from blockforge.io import atomic_write_text
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.ledger import COLUMNS, TrialRecord
+from blockforge.search.ledger import COLUMNS, StageName, TrialRecord
 from blockforge.train.events import Status
 
 OPTUNA_FILE = "optuna.journal"
@@ -70,9 +70,12 @@ def _distribution(plan: SearchPlan, key: str):
 
 
 def _frozen_trial(plan: SearchPlan, record: TrialRecord):
-    """The record as a finished Optuna trial, or None for records that are not one (running, duplicate)."""
+    """The record as a finished Optuna trial, or None for records that are not one (running, duplicate, or the
+    learning-rate check's: a point outside the sampler's space)."""
     import optuna
 
+    if record.stage == StageName.LR:
+        return None
     state = {Status.COMPLETED: optuna.trial.TrialState.COMPLETE, Status.DIVERGED: optuna.trial.TrialState.COMPLETE,
              Status.PRUNED: optuna.trial.TrialState.PRUNED, Status.FAILED: optuna.trial.TrialState.FAIL}.get(record.status)
     if state is None:

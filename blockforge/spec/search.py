@@ -152,14 +152,34 @@ class Resources:
 
 
 @dataclass(kw_only=True)
+class LrGrid:
+    """Learning rates each finalist and the Pre-LN reference are also trained at (with the confirmation's seeds), so
+    a verdict can be given at each candidate's own best learning rate beside the shared one."""
+
+    grid: list[float] = field(metadata={"help": "learning rates, e.g. [0.0015, 0.003, 0.006, 0.012]"})
+
+    def check(self, path: str) -> None:
+        if len(self.grid) < 2:
+            raise SpecError("lists fewer than two learning rates; give a grid around the shared one, e.g. [0.0015, 0.003, 0.006]",
+                            path=f"{path}.grid")
+        for i, lr in enumerate(self.grid):
+            if not (math.isfinite(lr) and lr > 0):
+                raise SpecError(f"must be a finite learning rate above 0, not {lr}", path=f"{path}.grid[{i}]")
+        if len(set(self.grid)) != len(self.grid):
+            raise SpecError("lists a learning rate twice", path=f"{path}.grid")
+
+
+@dataclass(kw_only=True)
 class Confirm:
     """After a cell's exploration: its `top` best distinct models and its baselines, each trained to the full
     budget with `seeds` further training seeds; racing adds seeds to the two leaders (and the Pre-LN
-    reference) until their interval excludes zero or `max_seeds` further seeds are spent."""
+    reference) until their interval excludes zero or `max_seeds` further seeds are spent. With `lr`, the
+    finalists and the reference are also trained over a grid of learning rates."""
 
     top: int = 2
     seeds: int = 2
     max_seeds: int | None = None
+    lr: LrGrid | None = None
 
     def check(self, path: str) -> None:
         if self.top < 1:

@@ -2,7 +2,7 @@
 
 A proxy cell explores, then (with `confirm`) confirms its finalists, or its explored front with a cost axis;
 with a scheduler it promotes pruned trials that could have ended ahead; with `confirm.max_seeds` it races its
-leaders. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
+leaders; with `confirm.lr` it trains its finalists over a learning-rate grid. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
 order for more work (cell.Cell.ready), so promotion comes before each further round of racing.
 
 A new stage is a new file with a Stage subclass and one line in PROXY_STAGES (or TARGET_STAGES).
@@ -16,6 +16,7 @@ from blockforge.search.config import SearchPlan
 from blockforge.search.stages.base import Stage
 from blockforge.search.stages.confirm import Confirm, Front, Race
 from blockforge.search.stages.explore import Explore
+from blockforge.search.stages.lr import LrSweep
 from blockforge.search.stages.promote import Promote
 from blockforge.search.stages.transfer import Transfer
 
@@ -30,6 +31,7 @@ PROXY_STAGES: list[tuple[type[Stage], When]] = [
     (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
     (Promote, lambda plan, name: plan.asha is not None and plan.enumeration(name) is None),  # enumerated cells stop nothing early
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
+    (LrSweep, lambda plan, name: plan.confirm is not None and plan.confirm.lr is not None),
 ]
 TARGET_STAGES: list[tuple[type[Stage], When]] = [
     (Transfer, lambda plan, name: True),

@@ -1,0 +1,106 @@
+"""Verdicts at each candidate's own learning rate (`confirm: {lr: {grid: [...]}}`).
+
+A verdict at one shared learning rate is confounded with how far each candidate sits from its own optimum. With
+the learning-rate check, the cell's winner and the Pre-LN reference have replicates at every learning rate of the
+grid (the confirmation's seeds). For each, its best learning rate is the one with the best mean over the seeds
+every learning rate shares, with how often seed resamples choose it and the range they choose within; the
+winner at its best against Pre-LN at its best gives a second verdict (paired by seed, 95% t). The cell's answer is
+`lr-robust` when the two verdicts agree, else the report names the learning rates where they differ. Choosing
+each one's best on the same seeds favours both alike; it is a check of the shared-lr verdict, not a new answer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from blockforge.search.config import LR_KEY, SearchPlan
+from blockforge.search.evidence import CellEvidence, Difference, describe, paired_difference, verdict
+from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.train.events import Status
+
+RESAMPLES = 1000
+
+
+@dataclass
+class LrCurve:
+    """One candidate over the learning rates: lr -> seed -> its value."""
+
+    name: str
+    by_lr: dict[float, dict[int, float]]
+    best: float
+    share: float  # the fraction of seed resamples that choose `best`
+    low: float  # the lowest and highest learning rate chosen in 95% of the resamples
+    high: float
+
+    def text(self) -> str:
+        span = f"{self.low:g}" if self.low == self.high else f"{self.low:g}-{self.high:g}"
+        return f"{self.name}: best lr {self.best:g} (chosen in {self.share:.0%} of seed resamples; 95% of them within {span})"
+
+
+@dataclass
+class LrCheck:
+    cell: str
+    shared: float
+    candidate: LrCurve
+    reference: LrCurve
+    at_shared: Difference | None
+    at_best: Difference | None
+    shared_verdict: str
+    best_verdict: str
+
+    @property
+    def robust(self) -> bool:
+        return self.shared_verdict == self.best_verdict
+
+    def text(self) -> str:
+        at_best = f"{self.candidate.name} at {self.candidate.best:g} against Pre-LN at {self.reference.best:g}"
+        shared = f"{self.shared_verdict} at the shared lr {self.shared:g} ({self.at_shared.text() if self.at_shared else 'no common seed'})"
+        best = f"{self.best_verdict} at each one's best lr, {at_best} ({self.at_best.text() if self.at_best else 'no common seed'})"
+        head = "lr-robust" if self.robust else f"not lr-robust: the verdict depends on the learning rate ({self.shared:g} shared; " \
+                                                f"{self.candidate.best:g} and {self.reference.best:g} their own)"
+        return f"{self.cell}: {head}: {shared}; {best}. {self.candidate.text()}; {self.reference.text()}."
+
+
+def _curve(name: str, by_lr: dict[float, dict[int, float]], mode: str) -> LrCurve:
+    seeds = sorted(set.intersection(*(set(v) for v in by_lr.values())))
+    sign = 1.0 if mode == "min" else -1.0
+
+    def best_of(chosen: list[int]) -> float:
+        return min(by_lr, key=lambda lr: (sign * sum(by_lr[lr][s] for s in chosen) / len(chosen), lr))
+
+    best = best_of(seeds)
+    rng = random.Random(0)
+    picks = sorted(best_of([rng.choice(seeds) for _ in seeds]) for _ in range(RESAMPLES)) if seeds else [best]
+    cut = int(0.025 * len(picks))
+    return LrCurve(name, by_lr, best, picks.count(best) / len(picks), picks[cut], picks[len(picks) - 1 - cut])
+
+
+def lr_check(plan: SearchPlan, records: list[TrialRecord], evidence: CellEvidence) -> LrCheck | None:
+    """The learning-rate check of one cell (None without confirm.lr, or before the winner and Pre-LN have their grid)."""
+    if plan.confirm is None or plan.confirm.lr is None or evidence.winner is None or evidence.reference is None:
+        return None
+    candidate = evidence.winner if evidence.winner is not evidence.reference else evidence.runner_up
+    if candidate is None:
+        return None
+    shared = plan.shared_lr(evidence.cell)
+    curves = []
+    for c in (candidate, evidence.reference):
+        by_lr: dict[float, dict[int, float]] = {shared: dict(c.values)}
+        for r in records:
+            if r.cell != evidence.cell or r.stage != StageName.LR or r.status not in (Status.COMPLETED, Status.DIVERGED):
+                continue
+            if {k: v for k, v in r.overrides.items() if k != LR_KEY} != c.overrides:
+                continue
+            value = plan.penalty if r.status == Status.DIVERGED else r.value
+            if value is not None:
+                by_lr.setdefault(float(r.overrides[LR_KEY]), {})[r.seed] = value
+        if len(by_lr) < 2:
+            return None  # the grid has not been trained yet
+        curves.append(_curve("Pre-LN" if c is evidence.reference else describe(c), by_lr, plan.mode))
+    mine, pre = curves
+    seeds = set.intersection(*(set(v) for curve in curves for v in curve.by_lr.values()))
+    on = lambda values: {s: v for s, v in values.items() if s in seeds}  # noqa: E731  (the seeds every learning rate shares)
+    at_shared = paired_difference(on(mine.by_lr[shared]), on(pre.by_lr[shared]))
+    at_best = paired_difference(on(mine.by_lr[mine.best]), on(pre.by_lr[pre.best]))
+    return LrCheck(evidence.cell, shared, mine, pre, at_shared, at_best, verdict(at_shared, plan.mode), verdict(at_best, plan.mode))
