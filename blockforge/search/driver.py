@@ -206,20 +206,25 @@ class ProgressView:
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
     def _rung_line(self, name: str) -> str:
-        """'rung 50: full-budget curves crossed by up to 0.021 (12 curves), 1 promoted': from the cell's rung table while the
-        searcher runs here (the summary's rung analysis reads every curve once, at the end)."""
+        """'rung 50: tau +0.33, 2 of 12 pairs cross (up to 0.021), 1 promoted': the cell's first rung against its
+        full-budget curves, from the rung table the scheduler keeps while the searcher runs here."""
         from blockforge.search.cell import SearchContext
 
+        if self.plan.asha is None:
+            return ""
         try:
             cell = SearchContext.of(str(self.path.parent), self.plan).cells[name]
         except (RuntimeError, KeyError):
             return ""
         table = cell._rungs
-        if table is None or not table.rungs or table.curves < 2:
+        if table is None or not table.rungs:
             return ""
-        first = table.rungs[0]
-        crossed = f"full-budget curves crossed by up to {table.crossing[first]:.3g}" if table.crossing[first] else "no full-budget curves crossed"
-        return f"rung {first}: {crossed} ({table.curves} curves)" + (f", {len(cell.promoted)} promoted" if cell.promoted else "")
+        tau, pairs, crossed, largest = table.agreement(table.rungs[0])
+        if tau is None:
+            return ""
+        text = f"rung {table.rungs[0]}: tau {tau:+.2f}, " + (f"{crossed} of {pairs} pairs cross (up to {largest:.3g})" if crossed
+                                                             else f"no pair of {pairs} crosses")
+        return text + (f", {len(cell.promoted)} promoted" if cell.promoted else "")
 
     def _evidence(self, records: list[TrialRecord]) -> dict:
         """Each cell's evidence: the cells' own (recomputed only when a cell got a result) while the searcher runs here."""

@@ -38,9 +38,8 @@ class RungTable:
         self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted
         self.reached: dict[int, dict[int, float]] = {}  # trial number -> rung -> its sign * value there
         self.curves = 0  # full-budget curves of the base seed
-        self.crossing = dict.fromkeys(self.rungs, 0.0)  # rung -> the largest margin overtaken there
-        # rung -> (sign * final, sign * value there) of each such curve with a value there, ordered by final
-        self.finals = {rung: (np.empty(0), np.empty(0)) for rung in self.rungs}
+        self.crossing = dict.fromkeys(self.rungs, 0.0)  # rung -> the largest margin overtaken there on the base seed
+        self.orders: dict[int, dict[int, SeedOrder]] = {rung: {} for rung in self.rungs}  # rung -> seed -> its curves
         metric = plan.metric
         for record in cell.records():
             if record.stage == StageName.EXPLORE and record.run_dir and record.status not in (Status.DUPLICATE, Status.FAILED):
@@ -63,25 +62,27 @@ class RungTable:
             self.values[rung].pop(bisect.bisect_left(self.values[rung], value))
 
     def add_curve(self, curve: Curve) -> None:
-        """A full-budget curve: the largest margin by which it and an earlier one crossed at each rung (one was behind
-        there and ended ahead), found among the earlier ones ordered by their final values (O(log n) to place it)."""
-        if curve.seed != self.base_seed:
-            return
-        self.curves += 1
+        """A full-budget curve: placed among the earlier ones of its seed at each rung (SeedOrder); the base seed's
+        crossings set the rung's margin."""
+        if curve.seed == self.base_seed:
+            self.curves += 1
         final = self.sign * curve.final
         for rung in self.rungs:
             value = value_at(curve.values, rung)
             if value is None:
                 continue
-            a = self.sign * value
-            finals, values = self.finals[rung]
-            worse = bisect.bisect_right(finals, final)  # those ending behind it: from here on
-            better = bisect.bisect_left(finals, final)  # those ending ahead of it: before here
-            if better:  # it ends behind them: crossed where it was ahead (below them) at the rung
-                self.crossing[rung] = max(self.crossing[rung], float(values[:better].max()) - a if values[:better].max() > a else 0.0)
-            if worse < len(finals):  # it ends ahead of them: crossed where it was behind (above them) at the rung
-                self.crossing[rung] = max(self.crossing[rung], a - float(values[worse:].min()) if values[worse:].min() < a else 0.0)
-            self.finals[rung] = (np.insert(finals, worse, final), np.insert(values, worse, a))
+            largest = self.orders[rung].setdefault(curve.seed, SeedOrder()).add(final, self.sign * value)
+            if curve.seed == self.base_seed:
+                self.crossing[rung] = max(self.crossing[rung], largest)
+
+    def agreement(self, rung: int) -> tuple[float | None, int, int, float]:
+        """(Kendall tau averaged over the seeds two or more full-budget curves share, pairs, pairs that cross, the
+        largest margin overtaken) at `rung`: rungs.rung_checks' figures, kept up to date instead of recomputed."""
+        orders = [o for o in self.orders[rung].values() if o.pairs]
+        if not orders:
+            return None, 0, 0, 0.0
+        tau = sum((o.concordant - o.discordant) / o.pairs for o in orders) / len(orders)
+        return tau, sum(o.pairs for o in orders), sum(o.discordant for o in orders), max(o.largest for o in orders)
 
     def others(self, number: int, rung: int) -> list[float]:
         """sign * value at `rung` of every trial there but `number`, sorted."""
@@ -92,6 +93,37 @@ class RungTable:
         values = list(values)
         values.pop(bisect.bisect_left(values, own))
         return values
+
+
+class SeedOrder:
+    """One seed's full-budget curves at one rung: (sign * final, sign * value there) ordered by final, with the pairs
+    ranked alike and oppositely at the rung and at the end (ties in either are neither) and the largest margin by which
+    a curve behind at the rung ended ahead."""
+
+    def __init__(self):
+        self.finals, self.values = np.empty(0), np.empty(0)
+        self.concordant = self.discordant = 0
+        self.largest = 0.0
+
+    @property
+    def pairs(self) -> int:
+        return len(self.finals) * (len(self.finals) - 1) // 2
+
+    def add(self, final: float, value: float) -> float:
+        """Place one curve (O(log n) to find, O(n) vectorised to count); returns the largest margin it crossed by."""
+        better = bisect.bisect_left(self.finals, final)  # those ending ahead of it: before here
+        worse = bisect.bisect_right(self.finals, final)  # those ending behind it: from here on
+        ahead, behind = self.values[:better], self.values[worse:]
+        self.concordant += int((ahead < value).sum() + (behind > value).sum())
+        self.discordant += int((ahead > value).sum() + (behind < value).sum())
+        largest = 0.0
+        if len(ahead) and ahead.max() > value:  # it ends behind them yet was ahead of one at the rung
+            largest = float(ahead.max()) - value
+        if len(behind) and behind.min() < value:  # it ends ahead of them yet was behind one at the rung
+            largest = max(largest, value - float(behind.min()))
+        self.largest = max(self.largest, largest)
+        self.finals, self.values = np.insert(self.finals, worse, final), np.insert(self.values, worse, value)
+        return largest
 
 
 def sorted_percentile(ordered: list[float], percent: float) -> float:

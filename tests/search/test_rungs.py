@@ -37,6 +37,26 @@ def test_rank_agreement_and_crossings_match_a_hand_computation():
     assert asha_rungs(10, 2, 30) == [10, 20] and asha_rungs(50, 3, 150) == [50]
 
 
+def test_the_schedulers_running_order_counts_pairs_as_the_final_analysis_does():
+    # curves arrive one by one (ties in both rankings included); the running counts equal a count of all at once
+    import random
+
+    from blockforge.search.rungs import order_agreement
+    from blockforge.search.scheduler import SeedOrder
+
+    rng = random.Random(3)
+    for _ in range(20):
+        n = rng.randint(2, 30)
+        finals, values = [rng.choice([1.0, 1.5, 2.0]) + rng.randint(0, 3) for _ in range(n)], [rng.randint(0, 5) / 2 for _ in range(n)]
+        order = SeedOrder()
+        for f, v in zip(finals, values):
+            order.add(f, v)
+        agreement = order_agreement(values, finals)
+        assert (order.pairs, order.discordant) == (agreement.pairs, agreement.opposite)
+        assert (order.concordant - order.discordant) / order.pairs == pytest.approx(agreement.tau)
+        assert order.largest == pytest.approx(agreement.largest)
+
+
 # A toy cell whose curves cross: k Post-LN layers start slower and end better, as measured at small sizes;
 # on the confirmation's seed the crossing is larger than on the exploration's.
 def toy_curve(config):
@@ -83,6 +103,16 @@ def test_curves_that_cross_are_not_pruned_blind_and_a_pruned_one_inside_the_cros
 
     evidence = evidence_by_cell(plan, records)["depth=6"]
     assert {c.post_ln_layers for c in evidence.eligible} >= {1, 3}  # the promoted model competes for the answer
+    # the live line's figures come from the scheduler's table, kept up to date trial by trial: the same as the
+    # summary's, which reads every curve again at the end
+    from blockforge.search.rungs import cell_curves
+
+    table = searcher.cells["depth=6"].rung_table()
+    final = rung_checks(cell_curves(records, "depth=6", plan.metric), table.rungs, plan.mode)
+    for rung, check in zip(table.rungs, final):
+        tau, pairs, crossed, largest = table.agreement(rung)
+        assert (pairs, crossed) == (check.pairs, check.crossed) and crossed > 0
+        assert tau == pytest.approx(check.tau) and largest == pytest.approx(check.largest)
 
 
 def test_enumerated_cells_train_every_distinct_point_to_the_full_budget(tmp_path):
