@@ -86,17 +86,17 @@ class Cell:
         self.promoted = {r.model: r.promoted for r in self.latest.values() if r.promoted}  # model -> why it was brought back
         self.finished = False
         self._evidence = None
-        self._rungs = None  # scheduler.RungTable, built when the scheduler first asks
+        self._rungs = None  # rungs.RungTable, built when the scheduler first asks
 
     def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
         return {**self.__dict__, "_evidence": None, "_rungs": None, "latest": {}}
 
     def rung_table(self):
         """The cell's rungs for the scheduler: read from the run folders once, then kept up to date."""
-        from blockforge.search.scheduler import RungTable
+        from blockforge.search.rungs import RungTable
 
         if self._rungs is None:
-            self._rungs = RungTable(self.plan, self)
+            self._rungs = RungTable(self.plan, self.name, self.base_seed, self.records())
         return self._rungs
 
     # ---- the pipeline -------------------------------------------------------------------------------------

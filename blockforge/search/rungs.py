@@ -8,14 +8,22 @@ pairs that cross (behind at the rung, ahead at the end) with the margin they wer
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from blockforge.search.ledger import StageName
+import numpy as np
+
+from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.train.events import Status
+
+if TYPE_CHECKING:
+    from blockforge.search.config import SearchPlan
 
 
 def curve_of(run_dir: str | Path, metric: str) -> dict[int, float]:
@@ -191,7 +199,6 @@ def margin_behind(value: float, step: int, seed: int, curves: list[Curve], mode:
 
 def cell_curves(records: list, cell: str, metric: str) -> list[Curve]:
     """Every full-budget run of `cell` (any stage) as a Curve of `metric`."""
-    from blockforge.train.events import Status
 
     out = []
     for r in records:
@@ -218,7 +225,6 @@ class PrunedCheck:
 
 def pruned_checks(records: list, cell: str, metric: str, mode: str, curves: list[Curve] | None = None) -> list[PrunedCheck]:
     """Each pruned exploration trial of `cell` whose model has no full-budget run, checked against the cell's curves."""
-    from blockforge.train.events import Status
 
     curves = cell_curves(records, cell, metric) if curves is None else curves
     finished = {c.model for c in curves}
@@ -301,3 +307,104 @@ def cell_rungs(plan, records: list, cell: str) -> CellRungs:
     rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, budget) if plan.asha is not None else []
     promoted = {r.trial: r.promoted for r in records if r.cell == cell and r.promoted}
     return CellRungs(cell, rungs, rung_checks(curves, steps, plan.mode), pruned_checks(records, cell, plan.metric, plan.mode, curves), promoted)
+
+
+class RungTable:
+    """A cell's rungs: the value each exploration trial had on first reaching each rung, and the largest margin by which
+    a full-budget curve of the cell's base seed was behind another there and still ended ahead, and how the full-budget
+    curves of each seed rank there against the end (the scheduler's and the live view's figures, kept up to date
+    instead of re-read; `records`: the cell's ledger records when it is built)."""
+
+    def __init__(self, plan: SearchPlan, cell: str, base_seed: int, records: list[TrialRecord]):
+        self.sign = 1.0 if plan.mode == "min" else -1.0
+        self.rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.steps[cell])
+        self.base_seed = base_seed
+        self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted
+        self.reached: dict[int, dict[int, float]] = {}  # trial number -> rung -> its sign * value there
+        self.curves = 0  # full-budget curves of the base seed
+        self.crossing = dict.fromkeys(self.rungs, 0.0)  # rung -> the largest margin overtaken there on the base seed
+        self.orders: dict[int, dict[int, SeedOrder]] = {rung: {} for rung in self.rungs}  # rung -> seed -> its curves
+        metric = plan.metric
+        for record in records:
+            if record.stage == StageName.EXPLORE and record.run_dir and record.status not in (Status.DUPLICATE, Status.FAILED):
+                for step, value in sorted(curve_of(record.run_dir, metric).items()):
+                    self.observe(record.trial, step, value)
+            if record.status == Status.COMPLETED and record.value is not None and record.run_dir:
+                self.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, metric), record.value))
+
+    def observe(self, number: int, step: int, value: float) -> None:
+        """Trial `number` reported `value` at `step`: the rungs it reaches here for the first time hold it."""
+        held = self.reached.setdefault(number, {})
+        for rung in self.rungs:
+            if rung <= step and rung not in held:
+                held[rung] = self.sign * value
+                bisect.insort(self.values[rung], self.sign * value)
+
+    def forget(self, number: int) -> None:
+        """A trial that failed counts at no rung."""
+        for rung, value in self.reached.pop(number, {}).items():
+            self.values[rung].pop(bisect.bisect_left(self.values[rung], value))
+
+    def add_curve(self, curve: Curve) -> None:
+        """A full-budget curve: placed among the earlier ones of its seed at each rung (SeedOrder); the base seed's
+        crossings set the rung's margin."""
+        if curve.seed == self.base_seed:
+            self.curves += 1
+        final = self.sign * curve.final
+        for rung in self.rungs:
+            value = value_at(curve.values, rung)
+            if value is None:
+                continue
+            largest = self.orders[rung].setdefault(curve.seed, SeedOrder()).add(final, self.sign * value)
+            if curve.seed == self.base_seed:
+                self.crossing[rung] = max(self.crossing[rung], largest)
+
+    def agreement(self, rung: int) -> tuple[float | None, int, int, float]:
+        """(Kendall tau averaged over the seeds two or more full-budget curves share, pairs, pairs that cross, the
+        largest margin overtaken) at `rung`: rungs.rung_checks' figures, kept up to date instead of recomputed."""
+        orders = [o for o in self.orders[rung].values() if o.pairs]
+        if not orders:
+            return None, 0, 0, 0.0
+        tau = sum((o.concordant - o.discordant) / o.pairs for o in orders) / len(orders)
+        return tau, sum(o.pairs for o in orders), sum(o.discordant for o in orders), max(o.largest for o in orders)
+
+    def others(self, number: int, rung: int) -> list[float]:
+        """sign * value at `rung` of every trial there but `number`, sorted."""
+        values = self.values[rung]
+        own = self.reached.get(number, {}).get(rung)
+        if own is None:
+            return values
+        values = list(values)
+        values.pop(bisect.bisect_left(values, own))
+        return values
+
+
+class SeedOrder:
+    """One seed's full-budget curves at one rung: (sign * final, sign * value there) ordered by final, with the pairs
+    ranked alike and oppositely at the rung and at the end (ties in either are neither) and the largest margin by which
+    a curve behind at the rung ended ahead."""
+
+    def __init__(self):
+        self.finals, self.values = np.empty(0), np.empty(0)
+        self.concordant = self.discordant = 0
+        self.largest = 0.0
+
+    @property
+    def pairs(self) -> int:
+        return len(self.finals) * (len(self.finals) - 1) // 2
+
+    def add(self, final: float, value: float) -> float:
+        """Place one curve (O(log n) to find, O(n) vectorised to count); returns the largest margin it crossed by."""
+        better = bisect.bisect_left(self.finals, final)  # those ending ahead of it: before here
+        worse = bisect.bisect_right(self.finals, final)  # those ending behind it: from here on
+        ahead, behind = self.values[:better], self.values[worse:]
+        self.concordant += int((ahead < value).sum() + (behind > value).sum())
+        self.discordant += int((ahead > value).sum() + (behind < value).sum())
+        largest = 0.0
+        if len(ahead) and ahead.max() > value:  # it ends behind them yet was ahead of one at the rung
+            largest = float(ahead.max()) - value
+        if len(behind) and behind.min() < value:  # it ends ahead of them yet was behind one at the rung
+            largest = max(largest, value - float(behind.min()))
+        self.largest = max(self.largest, largest)
+        self.finals, self.values = np.insert(self.finals, worse, final), np.insert(self.values, worse, value)
+        return largest

@@ -91,5 +91,5 @@ def test_a_target_that_only_trains_longer_gets_a_verdict_and_the_summary_names_i
     summary = write_reports(tmp_path / "s", plan, Ledger(tmp_path / "s" / "trials.jsonl"))
     text = (tmp_path / "s" / "summary.md").read_text()
     assert f"{target}: predicted k=1" in summary
-    assert f"depth=4,steps=30: measured at 30 steps" in text and f"length check: {target} at 60 steps: held" in text
+    assert "depth=4,steps=30: measured at 30 steps" in text and f"length check: {target} at 60 steps: held" in text
     assert "depth=2,steps=30: measured at 30 steps" in text and "length check: none" in text

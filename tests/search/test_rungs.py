@@ -42,7 +42,7 @@ def test_the_schedulers_running_order_counts_pairs_as_the_final_analysis_does():
     import random
 
     from blockforge.search.rungs import order_agreement
-    from blockforge.search.scheduler import SeedOrder
+    from blockforge.search.rungs import SeedOrder
 
     rng = random.Random(3)
     for _ in range(20):

@@ -11,13 +11,22 @@ may train at most (the compute plan is the sum of the stages' own worst cases).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from blockforge.search.ledger import StageName, TrialRecord
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
     from blockforge.search.config import SearchPlan
+
+
+class CellLike(Protocol):
+    """What the Stage defaults name of the cell they run in: search/cell.py's Cell, which is built on this module
+    (the stages themselves take the Cell)."""
+
+    name: str
+    plan: SearchPlan
+
+    def records(self) -> list[TrialRecord]: ...
 
 
 @dataclass
@@ -74,26 +83,26 @@ class Stage:
     label: str | None = None  # how compute plans name its column (default: name's value)
     on_demand = False  # hands out trials when asked (exploration), rather than queueing them when opened
 
-    def active(self, cell: "Cell") -> bool:
+    def active(self, cell: CellLike) -> bool:
         """An on-demand stage: whether it has a trial to hand out now."""
         return False
 
-    def propose(self, cell: "Cell", trial_id: str) -> dict | None:
+    def propose(self, cell: CellLike, trial_id: str) -> dict | None:
         """An on-demand stage: a Tune config to train, or None when the proposal needed no training."""
         return None
 
-    def open(self, cell: "Cell") -> bool | None:
+    def open(self, cell: CellLike) -> bool | None:
         """The cell is idle and every stage before this one has nothing more: queue trials (True when any was
         queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
         return False
 
-    def on_result(self, cell: "Cell", trial: Trial, result: dict) -> None:
+    def on_result(self, cell: CellLike, trial: Trial, result: dict) -> None:
         """An intermediate result of one of this stage's trials."""
 
-    def on_complete(self, cell: "Cell", trial: Trial, outcome: Outcome) -> None:
+    def on_complete(self, cell: CellLike, trial: Trial, outcome: Outcome) -> None:
         """One of this stage's trials finished, was stopped early, diverged or failed."""
 
-    def taken_in(self, cell: "Cell", trial: Trial, record: TrialRecord) -> None:
+    def taken_in(self, cell: CellLike, trial: Trial, record: TrialRecord) -> None:
         """A trained trial of this stage that a resumed driver learns of from the ledger."""
 
     @classmethod
