@@ -292,6 +292,111 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
+    """Per cell with a learning-rate check: the winner and Pre-LN over the grid (each seed a dot, the line their mean
+    over the seeds every learning rate shares), the shared learning rate dashed and each one's best ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(checks)
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(6.4, 4.8 * len(cells)), 3.8), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        check = checks[cell]
+        for curve, color in ((check.candidate, "tab:blue"), (check.reference, "tab:gray")):
+            lrs = sorted(curve.by_lr)
+            seeds = set.intersection(*(set(curve.by_lr[lr]) for lr in lrs))
+            for lr in lrs:
+                ax.scatter([lr] * len(curve.by_lr[lr]), list(curve.by_lr[lr].values()), color=color, s=10, alpha=0.5)
+            if seeds:
+                means = [sum(curve.by_lr[lr][s] for s in seeds) / len(seeds) for lr in lrs]
+                ax.plot(lrs, means, "-o", color=color, markersize=4, label=f"{curve.name} (mean of {len(seeds)} seeds)")
+                ax.scatter([curve.best], [means[lrs.index(curve.best)]], s=120, facecolors="none", edgecolors=color)
+        ax.axvline(check.shared, color="black", linestyle="--", linewidth=0.8, label=f"shared lr {check.shared:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(plan.metric)
+        ax.set_title(f"{cell}: {'lr-robust' if check.robust else 'not lr-robust'}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{plan.name}: {plan.metric} against the learning rate (ringed: each one's best)", fontsize=10)
+    fig.tight_layout()
+    save_png(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def target_gaps(plan: SearchPlan, e: CellEvidence) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Each candidate of a transfer target beside Pre-LN along training: describe(candidate) -> [(step, mean, lowest,
+    highest)] of its difference to Pre-LN at every evaluation both have, paired by seed (from the run folders)."""
+    from blockforge.search.rungs import curve_of
+
+    if e.reference is None:
+        return {}
+    ref = {s: curve_of(e.reference.run_dirs[s], plan.metric) for s in e.reference.values if s in e.reference.run_dirs}
+    gaps = {}
+    for c in e.candidates:
+        if c is e.reference:
+            continue
+        mine = {s: curve_of(d, plan.metric) for s, d in c.run_dirs.items() if s in c.values and ref.get(s)}
+        mine = {s: v for s, v in mine.items() if v}
+        if not mine:
+            continue
+        steps = sorted(set.intersection(*(set(v) & set(ref[s]) for s, v in mine.items())))
+        rows = [[mine[s][t] - ref[s][t] for s in mine] for t in steps]
+        gaps[describe(c)] = [(t, sum(d) / len(d), min(d), max(d)) for t, d in zip(steps, rows)]
+    return gaps
+
+
+def gap_text(gaps: list[tuple[int, float, float, float]]) -> str:
+    """'-0.05 at step 150, -0.1 at 750, -0.12 at 1500': the gap at the first, middle and last evaluation."""
+    picks = sorted({0, len(gaps) // 2, len(gaps) - 1})
+    return ", ".join(f"{gaps[i][1]:+.3g} at step {gaps[i][0]}" for i in picks)
+
+
+def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], path: Path) -> None:
+    """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
+    Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
+    is read off the lower row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from blockforge.search.rungs import curve_of
+
+    targets = [t for t in plan.target_names() if evidence[t].candidates]
+    fig, axes = plt.subplots(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
+    for col, target in enumerate(targets):
+        top, bottom = axes[0][col], axes[1][col]
+        e, colors = evidence[target], {}
+        for c in sorted(e.candidates, key=lambda c: c.post_ln_layers or 0):
+            by_seed = {s: v for s, v in ((s, curve_of(d, plan.metric)) for s, d in c.run_dirs.items() if s in c.values) if v}
+            if not by_seed:
+                continue
+            steps = sorted(set.intersection(*(set(v) for v in by_seed.values())))
+            style = {"color": "black", "linestyle": "--"} if c is e.reference else {}
+            line, = top.plot(steps, [sum(v[t] for v in by_seed.values()) / len(by_seed) for t in steps], label=f"{describe(c)} (n={len(by_seed)})", **style)
+            colors[describe(c)] = line.get_color()
+        for name, gaps in target_gaps(plan, e).items():
+            steps = [g[0] for g in gaps]
+            bottom.plot(steps, [g[1] for g in gaps], color=colors.get(name))
+            bottom.fill_between(steps, [g[2] for g in gaps], [g[3] for g in gaps], color=colors.get(name), alpha=0.15)
+        bottom.axhline(0.0, color="black", linestyle="--", linewidth=0.8)
+        top.set_title(target, fontsize=9)
+        top.set_ylabel(plan.metric)
+        top.grid(alpha=0.3)
+        if colors:
+            top.legend(fontsize=7)
+        bottom.set_xlabel("step")
+        bottom.set_ylabel("minus Pre-LN (paired by seed)")
+        bottom.grid(alpha=0.3)
+    fig.suptitle(f"{plan.name}: the transfer targets' curves (band: the seeds' range)", fontsize=10)
+    fig.tight_layout()
+    save_png(fig, path, dpi=110)
+    plt.close(fig)
+
+
 def compute_section(found: Findings) -> str:
     """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
     plan = found.plan
@@ -331,9 +436,12 @@ def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
         compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
                    f"({full.total_trials} trials at most, {full.total_flops:.3g} FLOPs)")
         table = candidate_table(plan, evidence[target]) if evidence[target].candidates else "(no candidate has finished)"
+        gaps = target_gaps(plan, evidence[target])
+        along = ("\n\nAgainst Pre-LN along training (mean difference over the paired seeds, from the run folders; plot: "
+                 "transfer_curves.png): " + "; ".join(f"{name}: {gap_text(g)}" for name, g in gaps.items() if g) + ".") if any(gaps.values()) else ""
         parts.append(f"### {target}\n\nPredicted: {prediction.text()}; other searched values from {prediction.nearest}: "
                      f"{prediction.searched or 'none'}.\n\n{table}\n\n**{outcome.outcome}**: {outcome.detail}. The predicted k against "
-                     f"Pre-LN here: {outcome.versus_pre}. Compute: {compute}.\n")
+                     f"Pre-LN here: {outcome.versus_pre}. Compute: {compute}.{along}\n")
         lines.append(f"{target}: predicted k={prediction.k} ({prediction.source.split(' (')[0]}), best k={outcome.observed}: {outcome.outcome}; "
                      f"against Pre-LN: {outcome.versus_pre}; compute {spent / full.total_flops:.0%} of a full search")
         data.append({"target": target, "depth": prediction.depth, "width": prediction.width, "predicted_alpha": prediction.alpha,
@@ -405,7 +513,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
         plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     basis = basis_section(found)
-    lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
+    lr_checks = {cell: check for cell, check in found.lr_checks.items() if check is not None}
+    lr_lines = [check.text() for check in lr_checks.values()]
+    if lr_checks:
+        plot_lr_checks(plan, lr_checks, search_dir / "lr_check.png")
     lr_markdown = ("\n## Learning rate: verdicts at each candidate's own learning rate\n\n" + "\n".join("- " + line for line in lr_lines) + "\n"
                    if lr_lines else "")
     pareto_markdown, pareto_lines = "", []
@@ -423,12 +534,16 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     transfer_markdown, transfer_lines, transfer_data = transfer_section(found) if plan.targets else ("", [], [])
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
+        if any(evidence[t].candidates for t in plan.target_names()):
+            plot_target_curves(plan, evidence, search_dir / "transfer_curves.png")
         transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
                              f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
     curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
     plots = ["metric_vs_alpha.png", "best_alpha_vs_depth.png"] if plan.varies_alpha else []
     plots += ["pareto.png"] if plan.costs else []
+    plots += ["lr_check.png"] if lr_checks else []
+    plots += ["transfer_curves.png"] if plan.targets and any(evidence[t].candidates for t in plan.target_names()) else []
     views = ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
              + f"\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
     confirm = plan.confirm

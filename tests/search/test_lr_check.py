@@ -1,7 +1,9 @@
 """The two proxies a verdict rests on beyond its cell's size: training length (a transfer target that only trains
 longer) and the learning rate (the finalists over a grid, confirm.lr): each gets its verdict, said plainly."""
 
+import json
 import math
+from pathlib import Path
 
 from blockforge.search.config import load_search
 from blockforge.search.evidence import cell_evidence
@@ -46,6 +48,7 @@ def test_the_lr_grid_trains_every_finalist_over_it_with_the_confirmations_seeds_
     summary = write_reports(tmp_path / "s", plan, Ledger(tmp_path / "s" / "trials.jsonl"))
     assert "depth=4: lr-robust: better at the shared lr 0.003" in summary
     assert "measured at 30 steps" in (tmp_path / "s" / "summary.md").read_text()
+    assert (tmp_path / "s" / "lr_check.png").stat().st_size > 0 and "`lr_check.png`" in (tmp_path / "s" / "summary.md").read_text()
 
 
 def records_of(plan, value_of) -> list[TrialRecord]:
@@ -93,3 +96,22 @@ def test_a_target_that_only_trains_longer_gets_a_verdict_and_the_summary_names_i
     assert f"{target}: predicted k=1" in summary
     assert "depth=4,steps=30: measured at 30 steps" in text and f"length check: {target} at 60 steps: held" in text
     assert "depth=2,steps=30: measured at 30 steps" in text and "length check: none" in text
+
+
+def test_a_longer_target_reports_its_gap_to_pre_ln_along_training_from_the_run_folders_curves(tmp_path):
+    plan = load_search(write_search(tmp_path, cells={"model.depth": [4], "train.steps": [30]}, scheduler=None, confirm={"top": 1, "seeds": 1},
+                                    transfer={"to": [{"model.depth": 4, "train.steps": 60}], "seeds": 2, "neighbours": 0}))
+    target = plan.target_names()[0]
+    drive(CellSearcher(plan, str(tmp_path / "s")), lambda config: 5.0 + 0.1 * abs(round(dict(config["overrides"])[ALPHA] * 4) - 1))
+    trained = [r for r in Ledger(tmp_path / "s" / "trials.jsonl").records() if r.cell == target and r.status == "completed"]
+    assert {(r.post_ln_layers, r.seed) for r in trained} == {(k, s) for k in (0, 1) for s in (0, 1)}
+    for r in trained:  # k=1 starts level with Pre-LN and pulls ahead: its gap grows with training (seed 1 twice as fast)
+        Path(r.run_dir).mkdir(parents=True, exist_ok=True)
+        gap = lambda step: -0.001 * step * (r.seed + 1) * (r.post_ln_layers or 0)  # noqa: E731
+        (Path(r.run_dir) / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "event": "eval", "val_loss": 6.0 - 0.01 * t + gap(t)}) + "\n"
+                                                               for t in (20, 40, 60)))
+    write_reports(tmp_path / "s", plan, Ledger(tmp_path / "s" / "trials.jsonl"))
+    text = (tmp_path / "s" / "summary.md").read_text()
+    assert "Against Pre-LN along training" in text
+    assert "1 Post-LN layer: -0.03 at step 20, -0.06 at step 40, -0.09 at step 60." in text  # mean of -0.02 and -0.04 at step 20
+    assert (tmp_path / "s" / "transfer_curves.png").stat().st_size > 0 and "`transfer_curves.png`" in text
