@@ -100,3 +100,55 @@ def test_an_intact_ledger_needs_no_repair(stopped):
     plan, folder = stopped
     before = (folder / "trials.jsonl").read_text()
     assert repair_ledger(folder, plan.metric, "RESUME") is None and (folder / "trials.jsonl").read_text() == before
+
+
+def front_and_claims(plan, folder) -> list:
+    """Resume to the end; every cell's claim, its front (points, on it or not, values) and every finished trial."""
+    from blockforge.search.findings import Findings
+
+    searcher = CellSearcher(plan, str(folder), from_ledger=True)
+    drive_curves(searcher, NoScheduler(), curve)
+    records = Ledger(folder / "trials.jsonl").records()
+    found = Findings.of(plan, records)
+    fronts = {cell: ([(p.candidate.model, p.on_front, sorted(p.candidate.values.items())) for p in front.points], round(front.hypervolume, 12))
+              for cell, front in (found.fronts.items() if plan.costs else [])}
+    claims = [found.evidence[cell].claim() for cell in plan.cell_names() + plan.target_names()]
+    finished = sorted((r.cell, r.seed, r.post_ln_layers, r.status, r.value) for r in records if r.status in ("completed", "diverged"))
+    return [claims, fronts, finished]
+
+
+KINDS = {
+    "multi-objective": dict(cells={"model.depth": [4]}, scheduler=None, trials_per_cell=6, baselines=[], overrides={"model.heads": 4},
+                            space={"model.layers.mix_ln.alpha": {"grid": [0.0, 0.25]}, "model.kv_heads": {"choice": [1, 2, 4]}},
+                            sampler={"grid": {}}, objective=None, objectives=[{"metric": "val_loss"}, {"cost": "kv_cache_bytes"}],
+                            confirm={"top": 2, "seeds": 1}),
+    "a transfer target": dict(cells={"model.depth": [4]}, scheduler=None, trials_per_cell=4, baselines=[], sampler={"grid": {}},
+                              space={"model.layers.mix_ln.alpha": {"grid": [0.0, 0.25, 0.5, 0.75]}}, confirm={"top": 1, "seeds": 1},
+                              transfer={"to": [{"model.depth": 8}], "seeds": 2, "neighbours": 0}),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_cut_line_loses_nothing_in_a_front_or_a_transfer_target(tmp_path, kind):
+    plan = load_search(write_search(tmp_path, **KINDS[kind]))
+    folder = tmp_path / "search"
+    if kind == "multi-objective":
+        stop = lambda handed: len(handed) >= 7  # noqa: E731  (exploration done, a confirmation seed finished)
+    else:
+        stop = lambda handed: sum(c["cell"] in plan.target_names() for c in handed) >= 2  # noqa: E731  (two target runs finished)
+    drive_curves(CellSearcher(plan, str(folder)), NoScheduler(), curve, stop_after=stop)
+    for record in Ledger(folder / "trials.jsonl").records():
+        if record.status == "completed":
+            (folder / record.run_dir.split(str(folder) + "/", 1)[1] / "result.json").write_text(
+                json.dumps({"status": "completed", "step": record.steps, "metrics": {"val_loss": record.value}}))
+    undamaged = tmp_path / "undamaged"
+    shutil.copytree(folder, undamaged)
+    damage(folder, "a cut last line")
+    said = repair_ledger(folder, plan.metric, "blockforge search ... --resume")
+    assert said is not None and "1 finished trial(s) whose last line was lost were read back" in said
+    answer = front_and_claims(plan, folder)
+    assert answer == front_and_claims(plan, undamaged)
+    if kind == "multi-objective":
+        assert answer[1]["depth=4"][0] and sum(cell == "depth=4" for cell, *_ in answer[2]) >= 6  # a front, and every explored point finished
+    else:
+        assert sum(cell == plan.target_names()[0] for cell, *_ in answer[2]) == 4  # the target's 2 candidates x 2 seeds

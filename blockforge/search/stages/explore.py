@@ -79,10 +79,19 @@ class Explore(Stage):
             value = self.plan.penalty if r.status == Status.DIVERGED else r.value
             if r.status == Status.COMPLETED and value is None:
                 continue
+            params = self.plan.sampler_params(name, r.overrides)
             if self.plan.costs and value is not None and r.status in (Status.COMPLETED, Status.DIVERGED):
-                value = [value, *(r.costs.get(c) for c, _ in self.plan.costs)]
-            self.sampler.add_evaluated_point(self.plan.sampler_params(name, r.overrides), value, error=r.status == Status.FAILED,
-                                             pruned=r.status == Status.PRUNED)
+                self._teach_front_point(params, [value, *(r.costs.get(c) for c, _ in self.plan.costs)])
+                continue
+            self.sampler.add_evaluated_point(params, value, error=r.status == Status.FAILED, pruned=r.status == Status.PRUNED)
+
+    def _teach_front_point(self, params: dict, values: list) -> None:
+        """A finished point of a search with a cost axis: Ray's add_evaluated_point passes one value to Optuna, which
+        a study with several objectives refuses, so the trial (values: quality, then each cost) is added directly."""
+        import optuna
+
+        trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values, params=params, distributions=self.sampler._space)
+        self.sampler._ot_study.add_trial(trial)
 
     def active(self, cell: "Cell") -> bool:
         if self.enumerated is not None and self.asks >= self.enumerated:
