@@ -1,0 +1,65 @@
+"""A search killed at any point resumes losing nothing: each shipped search shape (ASHA and TPE, a cost axis, transfer
+targets, the learning-rate grid, a longer-training target) is driven along the golden curves, killed with a trial in
+flight at a third and at two thirds of its trials, and resumed from its ledger to the end. Every trial that finished
+before the kill is in the final ledger as it was, the trial in flight is taken up again under its own number, no
+model is trained twice on one seed, and every cell ends with an answer."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from ray.tune.search import Searcher
+
+from blockforge.search.config import load_search
+from blockforge.search.findings import Findings
+from blockforge.search.ledger import Ledger
+from blockforge.search.scheduler import CellScheduler
+from blockforge.search.searcher import CellSearcher
+from blockforge.train.events import Status
+
+from .conftest import drive_curves
+from .test_golden import NoScheduler, synthetic_curves
+
+ROOT = Path(__file__).resolve().parents[2]
+FINISHED = (Status.COMPLETED, Status.DIVERGED)
+SEARCHES = {"quickstart": 12, "kv-pareto-cpu": 18, "transfer-cpu": 40, "lr-check-cpu": 12, "length-cpu": 45}  # ~ its trials
+
+
+def searcher_and_scheduler(plan, folder, resume):
+    searcher = CellSearcher(plan, str(folder), from_ledger=resume)
+    return searcher, (CellScheduler(plan, str(folder)) if plan.asha is not None else NoScheduler())
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+@pytest.mark.parametrize("part", [1, 2])
+def test_a_search_killed_with_a_trial_in_flight_resumes_losing_nothing(name, part, tmp_path):
+    plan = load_search(ROOT / "searches" / f"{name}.yaml")
+    folder, curve = tmp_path / name, synthetic_curves(plan)
+    searcher, scheduler = searcher_and_scheduler(plan, folder, resume=False)
+    drive_curves(searcher, scheduler, curve, stop_after=lambda handed: len(handed) >= part * SEARCHES[name] // 3)
+    in_flight = None
+    for attempt in range(20000):  # the kill comes while the next trial trains: it was handed out, it never reported
+        in_flight = searcher.suggest("killed")
+        if in_flight is not None:
+            break
+    assert in_flight not in (None, Searcher.FINISHED)
+    ledger = Ledger.reopen(folder / "trials.jsonl")
+    stopped = ledger.mark_interrupted("stopped with the search")  # what the driver does when it is stopped
+    assert [r.identity for r in stopped] == [in_flight["identity"]]
+    before = {(r.cell, r.trial): r for r in ledger.records() if r.status in FINISHED}
+    Ledger.reopen(folder / "trials.jsonl")
+
+    searcher, scheduler = searcher_and_scheduler(plan, folder, resume=True)
+    handed = drive_curves(searcher, scheduler, curve, limit=5000)
+    records = Ledger.reopen(folder / "trials.jsonl").records()
+    after = {(r.cell, r.trial): r for r in records}
+    again = [c for c in handed if c["identity"] == in_flight["identity"]]  # the trial in flight, taken up under its own number
+    assert [(c["cell"], c["number"]) for c in again] == [(in_flight["cell"], in_flight["number"])]
+    assert after[(in_flight["cell"], in_flight["number"])].status in FINISHED
+    for key, record in before.items():
+        assert after[key] == record, f"{key} changed on resume"
+    trained = Counter((r.cell, r.identity, r.seed) for r in records if r.status in FINISHED and r.duplicate_of is None)
+    assert max(trained.values()) == 1, [key for key, n in trained.items() if n > 1]
+    found = Findings.of(plan, records)
+    for cell in plan.cell_names() + plan.target_names():
+        assert found.evidence[cell].candidates, f"{cell} has no answer after the resume"
