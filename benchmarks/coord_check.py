@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from blockforge.analysis.coordcheck import coord_check
+from blockforge.io import pyplot, save_png
 from blockforge.spec import ModelSpec, resolve
 
 WIDTHS = [64, 128, 256, 512, 1024]
@@ -69,13 +70,7 @@ def main() -> None:
 
 
 def plot(results: dict, steps: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from blockforge.io import save_png
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), sharey="row")
     for row, sweep in enumerate(("width", "depth")):
         for col, kind in enumerate(("standard", "transfer")):

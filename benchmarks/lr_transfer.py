@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from blockforge.io import pyplot, save_png
 from blockforge.search.driver import run_search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,13 +108,7 @@ def main() -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from blockforge.io import save_png
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
     for row, (sweep, rows) in enumerate(report.items()):
         params = list(dict.fromkeys(r["parametrization"] for r in rows))

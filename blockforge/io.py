@@ -107,6 +107,16 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: figures are written to files, never shown (no screen is assumed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_png(figure, path: str | os.PathLike, dpi: int = 120) -> None:
     """A matplotlib figure written as a PNG atomically (the temporary name has no .png suffix, so the format is named)."""
     atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=dpi))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.io import atomic_write_json, atomic_write_text, save_png
+from blockforge.io import atomic_write_json, atomic_write_text, pyplot, save_png
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, paired_difference, verdict
 from blockforge.search.findings import Findings
@@ -91,10 +91,7 @@ def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
 
 
 def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = plan.cell_names()
     columns = min(3, len(cells))
@@ -132,10 +129,7 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
 
 
 def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     from blockforge.search.law import LAWS
@@ -258,10 +252,7 @@ def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
 
 def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
     """Per cell and cost: quality (mean with its 95% t interval over seeds) against the cost; front points filled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from blockforge.search.evidence import t_quantile
 
@@ -295,10 +286,7 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
 def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
     """Per cell with a learning-rate check: the winner and Pre-LN over the grid (each seed a dot, the line their mean
     over the seeds every learning rate shares), the shared learning rate dashed and each one's best ringed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = list(checks)
     fig, axes = plt.subplots(1, len(cells), figsize=(max(6.4, 4.8 * len(cells)), 3.8), squeeze=False)
@@ -358,10 +346,7 @@ def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], path
     """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
     Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
     is read off the lower row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from blockforge.search.rungs import curve_of
 
