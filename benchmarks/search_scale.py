@@ -130,7 +130,7 @@ def run(cells: int, trials: int, sampler: str) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         result = {}
         lines = []
-        for step, value in curve(config, plan.depths[config["cell"]]).items():  # the trial's own work: not timed
+        for step, value in curve(config, plan.settings[config["cell"]].depth).items():  # the trial's own work: not timed
             lines.append(json.dumps({"step": step, "event": "eval", "val_loss": value}))
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(lines[-1] + "\n")

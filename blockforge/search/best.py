@@ -107,7 +107,7 @@ def export_best(
     point, number = (None, None) if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
     winner = evidence.winner if point is None else point.candidate
     if winner is not None:
-        base = plan.base_seeds[name]
+        base = plan.settings[name].base_seed
         seed = base if base in winner.run_dirs else min(winner.run_dirs)
         searched, run_dir, full = winner.overrides, Path(winner.run_dirs[seed]), True
     else:  # nothing reached the full budget: the furthest, best pruned trial, retrained below
@@ -128,7 +128,7 @@ def export_best(
 
             shutil.rmtree(run_dir)
         Trainer(recipe, run_dir, resume=resume, progress=progress).run()
-    note = f"retrained to the full {plan.steps[name]} steps" if (retrain or not full) else f"trained {plan.steps[name]} steps in the search"
+    note = f"retrained to the full {plan.settings[name].steps} steps" if (retrain or not full) else f"trained {plan.settings[name].steps} steps in the search"
     replicates = candidate_table(plan, evidence) if evidence.candidates else "(no replicate reached the full budget)"
     mine = [r for r in records if r.cell == name]
     alpha = ["alpha", "post-LN layers"] if plan.varies_alpha else []

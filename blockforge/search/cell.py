@@ -73,7 +73,7 @@ class Cell:
     def __init__(self, context: SearchContext, name: str, stages: list[Stage], records: list[TrialRecord]):
         self.context, self.plan, self.name = context, context.plan, name
         self.stages = stages
-        self.base_seed = self.plan.base_seeds[name]
+        self.base_seed = self.plan.settings[name].base_seed
         self.latest = {r.trial: r for r in records if r.cell == name}  # the latest record of each of its trials
         self.asked = 0  # trial numbers handed out
         self.queue: list[Trial] = []  # trials its stages queued, not started yet
@@ -209,7 +209,7 @@ class Cell:
             status, value = Status.FAILED, None
         elif result.get("diverged"):
             status, value = Status.DIVERGED, plan.penalty
-        elif result.get("step", 0) < (trial.steps or plan.steps[self.name]):  # before its own budget (cells may differ)
+        elif result.get("step", 0) < (trial.steps or plan.settings[self.name].steps):  # before its own budget (cells may differ)
             status, value = Status.PRUNED, None
         else:
             status, value = Status.COMPLETED, result.get("objective")

@@ -184,6 +184,17 @@ def trial_identity(recipe: Recipe, *, with_seed: bool = True) -> str:
     return stable_hash({"arch": recipe.spec.arch_hash(), "train": train, "data": canonical(recipe.data)}, length=12)
 
 
+@dataclass(frozen=True)
+class CellSettings:
+    """What a cell's recipe fixes that the search reads, once at load: a full trial's train.steps (cells may differ),
+    its evaluation interval, its train.seed (exploration trains with it, confirmation adds seed + 1, ...) and depth."""
+
+    steps: int
+    eval_every: int
+    base_seed: int
+    depth: int
+
+
 @dataclass
 class SearchPlan:
     """A validated search: everything the driver, the searcher and the trials need, as plain data."""
@@ -203,11 +214,8 @@ class SearchPlan:
     sampler: Sampler
     resources: Resources
     max_concurrent: int | None
-    steps: dict[str, int]  # per cell, a full trial's train.steps (cells may differ)
-    eval_every: dict[str, int]  # per cell
+    settings: dict[str, CellSettings]  # per cell (targets included): what its recipe fixes that the search reads
     confirm: Confirm | None
-    base_seeds: dict[str, int]  # per cell, its train.seed: exploration trains with it, confirmation adds seed + 1, ...
-    depths: dict[str, int]  # per cell
     workdir: str  # the driver's working directory: relative data paths name files there, as for `blockforge train`
     inputs_hash: str  # see fingerprint()
     targets: list[dict[str, Any]] = field(default_factory=list)  # transfer: the larger cells the answers are tested at
@@ -259,7 +267,7 @@ class SearchPlan:
 
     def dimensions_in(self, name: str) -> list[Dimension]:
         """The searched dimensions as cell `name`'s sampler sees them (alpha as distinct layer counts)."""
-        return [d.in_cell(self.depths[name]) for d in self.dimensions]
+        return [d.in_cell(self.settings[name].depth) for d in self.dimensions]
 
     def searched_values(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
         """Sampler parameters -> the recipe values they stand for (e.g. k -> alpha = k / depth)."""
@@ -638,7 +646,8 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=mode,
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
-        steps=steps, eval_every=eval_every, confirm=spec.confirm, base_seeds=seeds, depths=depths, workdir=workdir,
+        settings={name: CellSettings(steps[name], eval_every[name], seeds[name], depths[name]) for name in steps}, confirm=spec.confirm,
+        workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments,
     )

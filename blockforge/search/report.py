@@ -64,7 +64,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
 def alpha_range_text(candidate: Candidate | TrialRecord, plan: SearchPlan, cell: str) -> str:
     if candidate.alpha is None:
         return "-"
-    low, high = alpha_range(candidate.alpha, plan.depths[cell])
+    low, high = alpha_range(candidate.alpha, plan.settings[cell].depth)
     return f"{low:.4g}" if low == high else f"{low:.4g}-{high:.4g}"
 
 
@@ -395,7 +395,7 @@ def compute_section(found: Findings) -> str:
         trained = [r for r in found.records if r.cell == cell.cell and r.status in (Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.INTERRUPTED)]
         # a promoted run continues its pruned exploration run: only the steps after it are its own
         steps = sum(r.steps if r.stage == StageName.EXPLORE else r.steps - pruned_explored.get((r.cell, r.identity), 0) for r in trained)
-        per_step = cell.trial_flops / plan.steps[cell.cell]
+        per_step = cell.trial_flops / plan.settings[cell.cell].steps
         rows.append([cell.cell, cell.total_trials, f"{cell.total_flops:.3g}", len(trained), steps, f"{steps * per_step:.3g}",
                      f"{sum(r.wall_s for r in trained):,.0f}"])
     return markdown_table(["cell", "trials planned (at most)", "FLOPs planned (at most)", "trials trained", "steps trained", "FLOPs trained",
@@ -417,7 +417,7 @@ def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
         outcome = judge(plan, records, prediction)
         full = found.full_plans[target]
         mine = [r for r in records if r.cell == target and r.status in (Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED, Status.PRUNED)]
-        spent = sum(r.steps for r in mine) * full.trial_flops / plan.steps[target]
+        spent = sum(r.steps for r in mine) * full.trial_flops / plan.settings[target].steps
         compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
                    f"({full.total_trials} trials at most, {full.total_flops:.3g} FLOPs)")
         table = candidate_table(plan, evidence[target]) if evidence[target].candidates else "(no candidate has finished)"
@@ -457,8 +457,8 @@ def basis_section(found: Findings) -> list[str]:
         unit = "tokens" if family.sample_unit == "tok" else "samples"
         lr = "searched lr" if any(d.key == "train.lr" for d in plan.dimensions) else f"shared lr {train.lr:g}"
         text = f"{cell}: measured at {train.steps} steps ({train.steps * per_step:,} {unit}), {lr}"
-        longer = [f"{t} at {plan.steps[t]} steps: {outcome}" for t, (p, outcome) in outcomes.items()
-                  if p.nearest == cell and plan.steps[t] != plan.steps[cell]]
+        longer = [f"{t} at {plan.settings[t].steps} steps: {outcome}" for t, (p, outcome) in outcomes.items()
+                  if p.nearest == cell and plan.settings[t].steps != plan.settings[cell].steps]
         text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it)")
         check = found.lr_checks.get(cell)
         if plan.confirm is not None and plan.confirm.lr is not None:
@@ -472,10 +472,10 @@ def basis_section(found: Findings) -> list[str]:
 
 def budget_text(plan: SearchPlan) -> str:
     """'150 steps', or each cell's steps when cells differ."""
-    budgets = set(plan.steps.values())
+    budgets = {s.steps for s in plan.settings.values()}
     if len(budgets) == 1:
         return f"{budgets.pop()} steps"
-    return "per cell " + ", ".join(f"{cell}: {steps}" for cell, steps in plan.steps.items()) + " steps"
+    return "per cell " + ", ".join(f"{cell}: {s.steps}" for cell, s in plan.settings.items()) + " steps"
 
 
 def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:

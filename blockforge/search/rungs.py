@@ -302,7 +302,7 @@ class CellRungs:
 
 def cell_rungs(plan, records: list, cell: str) -> CellRungs:
     curves = cell_curves(records, cell, plan.metric)
-    budget = plan.steps[cell]
+    budget = plan.settings[cell].steps
     steps = sorted({s for c in curves for s in c.values if s < budget})
     rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, budget) if plan.asha is not None else []
     promoted = {r.trial: r.promoted for r in records if r.cell == cell and r.promoted}
@@ -317,7 +317,7 @@ class RungTable:
 
     def __init__(self, plan: SearchPlan, cell: str, base_seed: int, records: list[TrialRecord]):
         self.sign = 1.0 if plan.mode == "min" else -1.0
-        self.rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.steps[cell])
+        self.rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.settings[cell].steps)
         self.base_seed = base_seed
         self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted
         self.reached: dict[int, dict[int, float]] = {}  # trial number -> rung -> its sign * value there

@@ -82,7 +82,8 @@ def test_confirm_settings_are_checked(tmp_path, capsys):
     from blockforge.cli import main
 
     plan = load_search(write_search(tmp_path, confirm={"top": 3, "seeds": 2, "max_seeds": 4}))
-    assert (plan.confirm.top, plan.confirm.seeds, plan.confirm.max_seeds, plan.base_seeds) == (3, 2, 4, {"depth=2": 0, "depth=4": 0})
+    assert (plan.confirm.top, plan.confirm.seeds, plan.confirm.max_seeds) == (3, 2, 4)
+    assert {name: s.base_seed for name, s in plan.settings.items()} == {"depth=2": 0, "depth=4": 0}
     for confirm, needle in [({"top": 0}, "confirm.top"), ({"seeds": 0}, "confirm.seeds"), ({"seeds": 3, "max_seeds": 2}, "confirm.max_seeds"),
                             ({"tops": 1}, "confirm.tops")]:
         path = write_search(tmp_path, confirm=confirm)
@@ -97,8 +98,8 @@ def test_confirm_settings_are_checked(tmp_path, capsys):
 
 def test_a_cell_that_sets_the_training_seed_trains_with_it(tmp_path):
     plan = load_search(write_search(tmp_path, cells={"model.depth": [2], "train.seed": [0, 5]}))
-    assert plan.base_seeds == {"depth=2,seed=0": 0, "depth=2,seed=5": 5}
-    recipe = plan.recipe(plan.seed_overrides("depth=2,seed=5", {}, plan.base_seeds["depth=2,seed=5"]))
+    assert {name: s.base_seed for name, s in plan.settings.items()} == {"depth=2,seed=0": 0, "depth=2,seed=5": 5}
+    recipe = plan.recipe(plan.seed_overrides("depth=2,seed=5", {}, plan.settings["depth=2,seed=5"].base_seed))
     assert recipe.train.seed == 5
 
 

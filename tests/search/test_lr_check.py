@@ -82,7 +82,7 @@ def test_a_target_that_only_trains_longer_gets_a_verdict_and_the_summary_names_i
     plan = load_search(write_search(tmp_path, cells={"model.depth": [2, 4], "train.steps": [30]}, scheduler=None, confirm={"top": 1, "seeds": 1},
                                     transfer={"to": [{"model.depth": 4, "train.steps": 60}], "seeds": 2, "neighbours": 1}))
     target = plan.target_names()[0]
-    assert plan.steps[target] == 60
+    assert plan.settings[target].steps == 60
 
     def longer(config):
         overrides = dict(config["overrides"])

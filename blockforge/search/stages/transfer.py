@@ -53,5 +53,5 @@ class Transfer(Stage):
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
         """The predicted k, `neighbours` on each side and Pre-LN: no more than the k that exist at the target's depth."""
-        depth = plan.depths[name]
+        depth = plan.settings[name].depth
         return min(2 * plan.transfer.neighbours + 2, highest_k(plan, depth) + 1) * plan.transfer.seeds
