@@ -26,6 +26,8 @@ class Findings:
     boot: object = None  # law.BootstrapReport, or None
     fronts: dict = field(default_factory=dict)  # cell -> pareto.Front (a search with a cost axis)
     predictions: dict = field(default_factory=dict)  # target -> transfer.Prediction or None
+    outcomes: dict = field(default_factory=dict)  # target -> transfer.TargetOutcome (targets with a prediction)
+    gaps: dict = field(default_factory=dict)  # target -> transfer.target_gaps: each candidate against Pre-LN along training
     cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
     full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
     lr_checks: dict = field(default_factory=dict)  # cell -> lr_check.LrCheck (with confirm.lr)
@@ -52,10 +54,12 @@ class Findings:
 
             found.fronts = {cell: front_evidence(evidence[cell].eligible, plan.costs, plan.mode) for cell in plan.cell_names()}
         if plan.targets:
-            from blockforge.search.transfer import predictions
+            from blockforge.search.transfer import judge, predictions, target_gaps
 
             proxies = [r for r in records if r.cell in set(plan.cell_names())]
             found.predictions = predictions(plan, proxies, plan.target_names(), evidence, found.boot, found.points)
+            found.outcomes = {t: judge(plan, records, p) for t, p in found.predictions.items() if p is not None}
+            found.gaps = {t: target_gaps(plan, evidence[t]) for t in plan.target_names()}
         if plan.confirm is not None and plan.confirm.lr is not None:
             from blockforge.search.lr_check import lr_check
 
@@ -63,6 +67,3 @@ class Findings:
         found.cell_plans = {c.cell: c for c in search_plan(plan)}
         found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
         return found
-
-    def of_cell(self, cell: str) -> list[TrialRecord]:
-        return [r for r in self.records if r.cell == cell]

@@ -33,6 +33,14 @@ class LrCurve:
     low: float  # the lowest and highest learning rate chosen in 95% of the resamples
     high: float
 
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds every learning rate of the grid has: what means and choices are taken over."""
+        return shared_seeds(self.by_lr)
+
+    def mean_at(self, lr: float, seeds: list[int]) -> float:
+        return sum(self.by_lr[lr][s] for s in seeds) / len(seeds)
+
     def text(self) -> str:
         span = f"{self.low:g}" if self.low == self.high else f"{self.low:g}-{self.high:g}"
         return f"{self.name}: best lr {self.best:g} (chosen in {self.share:.0%} of seed resamples; 95% of them within {span})"
@@ -62,8 +70,12 @@ class LrCheck:
         return f"{self.cell}: {head}: {shared}; {best}. {self.candidate.text()}; {self.reference.text()}."
 
 
+def shared_seeds(by_lr: dict[float, dict[int, float]]) -> list[int]:
+    return sorted(set.intersection(*(set(v) for v in by_lr.values())))
+
+
 def _curve(name: str, by_lr: dict[float, dict[int, float]], mode: str) -> LrCurve:
-    seeds = sorted(set.intersection(*(set(v) for v in by_lr.values())))
+    seeds = shared_seeds(by_lr)
     sign = 1.0 if mode == "min" else -1.0
 
     def best_of(chosen: list[int]) -> float:

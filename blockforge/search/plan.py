@@ -49,6 +49,7 @@ class CellPlan:
     trial_flops: float
     trials: dict[str, int]  # stage -> worst-case trials
     target: bool = False  # a transfer target
+    rounds: int = 0  # stages of this cell that wait for the one before, each at least one trial long (racing: per round)
 
     @property
     def total_trials(self) -> int:
@@ -57,12 +58,6 @@ class CellPlan:
     @property
     def total_flops(self) -> float:
         return self.total_trials * self.trial_flops
-
-    stage_rounds: int = 0  # stages of this cell that wait for the one before, each at least one trial long (racing: per round)
-
-    @property
-    def rounds(self) -> int:
-        return self.stage_rounds
 
 
 def trial_flops(recipe) -> tuple[int, int, float]:
@@ -92,7 +87,7 @@ def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:
     parameters, non_embedding, flops = max(sizes, key=lambda s: s[2])
     target = name in plan.target_names() and not as_proxy
     return CellPlan(name, parameters, non_embedding, flops, worst_case(plan, name, as_proxy), target=target,
-                    stage_rounds=rounds(plan, name, as_proxy))
+                    rounds=rounds(plan, name, as_proxy))
 
 
 def search_plan(plan: SearchPlan) -> list[CellPlan]:

@@ -293,12 +293,11 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
     for ax, cell in zip(axes[0], cells):
         check = checks[cell]
         for curve, color in ((check.candidate, "tab:blue"), (check.reference, "tab:gray")):
-            lrs = sorted(curve.by_lr)
-            seeds = set.intersection(*(set(curve.by_lr[lr]) for lr in lrs))
+            lrs, seeds = sorted(curve.by_lr), curve.seeds
             for lr in lrs:
                 ax.scatter([lr] * len(curve.by_lr[lr]), list(curve.by_lr[lr].values()), color=color, s=10, alpha=0.5)
             if seeds:
-                means = [sum(curve.by_lr[lr][s] for s in seeds) / len(seeds) for lr in lrs]
+                means = [curve.mean_at(lr, seeds) for lr in lrs]
                 ax.plot(lrs, means, "-o", color=color, markersize=4, label=f"{curve.name} (mean of {len(seeds)} seeds)")
                 ax.scatter([curve.best], [means[lrs.index(curve.best)]], s=120, facecolors="none", edgecolors=color)
         ax.axvline(check.shared, color="black", linestyle="--", linewidth=0.8, label=f"shared lr {check.shared:g}")
@@ -314,59 +313,36 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def target_gaps(plan: SearchPlan, e: CellEvidence) -> dict[str, list[tuple[int, float, float, float]]]:
-    """Each candidate of a transfer target beside Pre-LN along training: describe(candidate) -> [(step, mean, lowest,
-    highest)] of its difference to Pre-LN at every evaluation both have, paired by seed (from the run folders)."""
-    from blockforge.search.rungs import curve_of
-
-    if e.reference is None:
-        return {}
-    ref = {s: curve_of(e.reference.run_dirs[s], plan.metric) for s in e.reference.values if s in e.reference.run_dirs}
-    gaps = {}
-    for c in e.candidates:
-        if c is e.reference:
-            continue
-        mine = {s: curve_of(d, plan.metric) for s, d in c.run_dirs.items() if s in c.values and ref.get(s)}
-        mine = {s: v for s, v in mine.items() if v}
-        if not mine:
-            continue
-        steps = sorted(set.intersection(*(set(v) & set(ref[s]) for s, v in mine.items())))
-        rows = [[mine[s][t] - ref[s][t] for s in mine] for t in steps]
-        gaps[describe(c)] = [(t, sum(d) / len(d), min(d), max(d)) for t, d in zip(steps, rows)]
-    return gaps
-
-
 def gap_text(gaps: list[tuple[int, float, float, float]]) -> str:
     """'-0.05 at step 150, -0.1 at 750, -0.12 at 1500': the gap at the first, middle and last evaluation."""
     picks = sorted({0, len(gaps) // 2, len(gaps) - 1})
     return ", ".join(f"{gaps[i][1]:+.3g} at step {gaps[i][0]}" for i in picks)
 
 
-def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], path: Path) -> None:
+def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps: dict, path: Path) -> None:
     """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
     Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
     is read off the lower row."""
+    from blockforge.search.transfer import seed_curves
+
     plt = pyplot()
-
-    from blockforge.search.rungs import curve_of
-
     targets = [t for t in plan.target_names() if evidence[t].candidates]
     fig, axes = plt.subplots(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
     for col, target in enumerate(targets):
         top, bottom = axes[0][col], axes[1][col]
         e, colors = evidence[target], {}
         for c in sorted(e.candidates, key=lambda c: c.post_ln_layers or 0):
-            by_seed = {s: v for s, v in ((s, curve_of(d, plan.metric)) for s, d in c.run_dirs.items() if s in c.values) if v}
+            by_seed = seed_curves(c, plan.metric)
             if not by_seed:
                 continue
             steps = sorted(set.intersection(*(set(v) for v in by_seed.values())))
             style = {"color": "black", "linestyle": "--"} if c is e.reference else {}
             line, = top.plot(steps, [sum(v[t] for v in by_seed.values()) / len(by_seed) for t in steps], label=f"{describe(c)} (n={len(by_seed)})", **style)
             colors[describe(c)] = line.get_color()
-        for name, gaps in target_gaps(plan, e).items():
-            steps = [g[0] for g in gaps]
-            bottom.plot(steps, [g[1] for g in gaps], color=colors.get(name))
-            bottom.fill_between(steps, [g[2] for g in gaps], [g[3] for g in gaps], color=colors.get(name), alpha=0.15)
+        for name, gap in gaps.get(target, {}).items():
+            steps = [g[0] for g in gap]
+            bottom.plot(steps, [g[1] for g in gap], color=colors.get(name))
+            bottom.fill_between(steps, [g[2] for g in gap], [g[3] for g in gap], color=colors.get(name), alpha=0.15)
         bottom.axhline(0.0, color="black", linestyle="--", linewidth=0.8)
         top.set_title(target, fontsize=9)
         top.set_ylabel(plan.metric)
@@ -405,8 +381,6 @@ def compute_section(found: Findings) -> str:
 def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
     """The transfer stage per target: prediction, candidates, held or not, verdict, and compute against a full search
     of the target. Returns the markdown, one console line per target and the records for transfer.json."""
-    from blockforge.search.transfer import judge
-
     plan, records, evidence = found.plan, found.records, found.evidence
     parts, lines, data = [], [], []
     for target in plan.target_names():
@@ -414,14 +388,14 @@ def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
         if prediction is None:
             parts.append(f"### {target}\n\nNo proxy cell has a winner yet: nothing to predict.\n")
             continue
-        outcome = judge(plan, records, prediction)
+        outcome = found.outcomes[target]
         full = found.full_plans[target]
         mine = [r for r in records if r.cell == target and r.status in (Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED, Status.PRUNED)]
         spent = sum(r.steps for r in mine) * full.trial_flops / plan.settings[target].steps
         compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
                    f"({full.total_trials} trials at most, {full.total_flops:.3g} FLOPs)")
         table = candidate_table(plan, evidence[target]) if evidence[target].candidates else "(no candidate has finished)"
-        gaps = target_gaps(plan, evidence[target])
+        gaps = found.gaps.get(target, {})
         along = ("\n\nAgainst Pre-LN along training (mean difference over the paired seeds, from the run folders; plot: "
                  "transfer_curves.png): " + "; ".join(f"{name}: {gap_text(g)}" for name, g in gaps.items() if g) + ".") if any(gaps.values()) else ""
         parts.append(f"### {target}\n\nPredicted: {prediction.text()}; other searched values from {prediction.nearest}: "
@@ -443,12 +417,6 @@ def basis_section(found: Findings) -> list[str]:
     from blockforge.spec.family import get_family
 
     plan = found.plan
-    outcomes = {}
-    for target, prediction in found.predictions.items():
-        if prediction is not None:
-            from blockforge.search.transfer import judge
-
-            outcomes[target] = (prediction, judge(plan, found.records, prediction).outcome)
     lines = []
     for cell in plan.cell_names():
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), {}))
@@ -457,8 +425,8 @@ def basis_section(found: Findings) -> list[str]:
         unit = "tokens" if family.sample_unit == "tok" else "samples"
         lr = "searched lr" if any(d.key == "train.lr" for d in plan.dimensions) else f"shared lr {train.lr:g}"
         text = f"{cell}: measured at {train.steps} steps ({train.steps * per_step:,} {unit}), {lr}"
-        longer = [f"{t} at {plan.settings[t].steps} steps: {outcome}" for t, (p, outcome) in outcomes.items()
-                  if p.nearest == cell and plan.settings[t].steps != plan.settings[cell].steps]
+        longer = [f"{t} at {plan.settings[t].steps} steps: {outcome.outcome}" for t, outcome in found.outcomes.items()
+                  if outcome.prediction.nearest == cell and plan.settings[t].steps != plan.settings[cell].steps]
         text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it)")
         check = found.lr_checks.get(cell)
         if plan.confirm is not None and plan.confirm.lr is not None:
@@ -520,7 +488,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
         if any(evidence[t].candidates for t in plan.target_names()):
-            plot_target_curves(plan, evidence, search_dir / "transfer_curves.png")
+            plot_target_curves(plan, evidence, found.gaps, search_dir / "transfer_curves.png")
         transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
                              f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
     curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard

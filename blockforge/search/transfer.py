@@ -165,3 +165,30 @@ def judge(plan: SearchPlan, records: list, prediction: Prediction) -> TargetOutc
                              f"k={observed} is better than the predicted k={prediction.k} by {diff.mean if plan.mode == 'min' else -diff.mean:.3g} "
                              f"({diff.text()}){edge}")
     return TargetOutcome(prediction, observed, "held", versus, f"the predicted k={prediction.k} is tied with the best k={observed} ({diff.text()}){edge}")
+
+
+def seed_curves(candidate, metric: str) -> dict[int, dict[int, float]]:
+    """seed -> (step -> `metric`) of a candidate's replicates, from their run folders' evaluations (none: left out)."""
+    from blockforge.search.rungs import curve_of
+
+    curves = {s: curve_of(d, metric) for s, d in candidate.run_dirs.items() if s in candidate.values}
+    return {s: c for s, c in curves.items() if c}
+
+
+def target_gaps(plan: SearchPlan, e) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Each candidate of a transfer target beside Pre-LN along training: describe(candidate) -> [(step, mean, lowest,
+    highest)] of its difference to Pre-LN at every evaluation both have, paired by seed (from the run folders)."""
+    from blockforge.search.evidence import describe
+
+    if e.reference is None:
+        return {}
+    ref = seed_curves(e.reference, plan.metric)
+    gaps = {}
+    for c in e.candidates:
+        mine = {s: curve for s, curve in seed_curves(c, plan.metric).items() if s in ref} if c is not e.reference else {}
+        if not mine:
+            continue
+        steps = sorted(set.intersection(*(set(v) & set(ref[s]) for s, v in mine.items())))
+        rows = [[mine[s][t] - ref[s][t] for s in mine] for t in steps]
+        gaps[describe(c)] = [(t, sum(d) / len(d), min(d), max(d)) for t, d in zip(steps, rows)]
+    return gaps
