@@ -46,12 +46,15 @@ def weights_of(folder: Path) -> tuple[Path, str]:
 
 
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", attention: str | None = None) -> nn.Module:
-    """The model in an export or run folder, in eval mode. `attention` swaps the kernel (e.g. 'sdpa' on CPU).
+    """The model in an export or run folder (a local path, or a URI such as s3://bucket/model), in eval mode. `attention`
+    swaps the kernel (e.g. 'sdpa' on CPU).
 
     Anything missing, damaged or not matching spec.yaml is one BlockforgeError sentence: CorruptFolderError,
     or SpecError for a spec.yaml that is not a valid spec.
     """
-    folder = Path(path)
+    from blockforge.storage import Storage, fetch_folder, is_uri
+
+    folder = fetch_folder(Storage.open(path)) if is_uri(path) else Path(path)  # a URI's folder: a local copy, kept up to date
     if not folder.is_dir():
         raise BlockforgeError(f"{folder}: no such folder; give an export or run folder")
     if not (folder / "spec.yaml").exists():

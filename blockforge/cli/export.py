@@ -8,8 +8,8 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a run, or the best trial of a search cell, as a model (safetensors + spec + card)")
-    p.add_argument("source", help="a run folder or a search folder")
-    p.add_argument("--out", required=True, help="the export folder")
+    p.add_argument("source", help="a run folder or a search folder: a local path, or a URI such as s3://bucket/search")
+    p.add_argument("--out", required=True, help="the export folder: a local path, or a URI (written locally, then put up)")
     p.add_argument("--cell", help="search folders: the cell, e.g. depth=12,width=256 (needed when there are several)")
     p.add_argument("--retrain", action="store_true", help="search folders: train the best spec to the full budget first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
@@ -24,25 +24,46 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.export import export_dtype, export_folder, export_run
+    from blockforge.errors import BlockforgeError
+    from blockforge.export import export_dtype
 
-    source = Path(args.source)
     export_dtype(args.dtype, args.format)  # refused before anything is read
     if args.pick is not None and args.under:
-        from blockforge.errors import BlockforgeError
-
         raise BlockforgeError("give --pick or --under, not both")
-    if (source / "search.json").exists():
-        from blockforge.search.best import export_best
+    from blockforge.storage import Storage
 
-        with export_folder(args.out, force=args.force, run_dir=source) as stage:  # checked before any retraining
-            export_best(source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format,
-                        pick=args.pick, under=args.under, dtype=args.dtype)
-    else:
-        if args.cell or args.retrain or args.pick is not None or args.under:
-            from blockforge.errors import BlockforgeError
+    source, out = Storage.open(args.source), Storage.open(args.out)
+    if out.local:
+        _export(args, source, Path(out.uri))
+    else:  # written here, checked as any export is, then put up whole
+        import tempfile
 
-            raise BlockforgeError(f"{source}: --cell, --retrain, --pick and --under apply to a search folder, and this is not one (no search.json)")
-        export_run(source, args.out, force=args.force, format=args.format, dtype=args.dtype)
+        from blockforge.storage import put_folder
+
+        if out.listing() and not args.force:
+            raise BlockforgeError(f"{out}: is not empty; pass --force to replace the export in it, or choose another --out")
+        with tempfile.TemporaryDirectory(prefix="blockforge-export-") as scratch:
+            _export(args, source, Path(scratch) / "export")
+            put_folder(Path(scratch) / "export", out)
     print(f"exported to {args.out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
     return 0
+
+
+def _export(args: argparse.Namespace, source, out: Path) -> None:
+    """Export `source` (a blockforge.storage.Storage: a run or search folder, local or remote) into the local folder `out`."""
+    from blockforge.errors import BlockforgeError
+    from blockforge.export import export_folder, export_run
+    from blockforge.search.config import MARKER
+
+    if source.exists(MARKER):
+        from blockforge.search.best import export_best
+
+        with export_folder(out, force=args.force, run_dir=Path(args.source) if source.local else None) as stage:  # checked before any retraining
+            export_best(args.source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format,
+                        pick=args.pick, under=args.under, dtype=args.dtype)
+        return
+    if args.cell or args.retrain or args.pick is not None or args.under:
+        raise BlockforgeError(f"{source}: --cell, --retrain, --pick and --under apply to a search folder, and this is not one (no search.json)")
+    from blockforge.storage import fetch_folder
+
+    export_run(Path(args.source) if source.local else fetch_folder(source), out, force=args.force, format=args.format, dtype=args.dtype)

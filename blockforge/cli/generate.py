@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
     from blockforge.cli.common import positive_int
 
     p = sub.add_parser("generate", help="continue a text prompt with a trained llama (a run or export folder)")
-    p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote")
+    p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote; a local path or a URI")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=None,
@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
         check_sampling(0.8 if args.temperature is None else args.temperature, args.top_k, args.top_p)
     except BlockforgeError as e:
         raise BlockforgeError(f"--{str(e).replace('_', '-', 1)}") from None
-    folder = Path(args.dir)
+    from blockforge.storage import Storage, fetch_folder, is_uri
+
+    folder = fetch_folder(Storage.open(args.dir)) if is_uri(args.dir) else Path(args.dir)  # a URI's: a local copy, kept up to date
     device = pick_device(args.device)
     model = load(folder, device=device)
     if not hasattr(model, "generate"):

@@ -10,7 +10,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
     p.add_argument("file", help="a search YAML file (see searches/)")
-    p.add_argument("--out", help="the search folder (default: runs/search-<name>)")
+    p.add_argument("--out", help="the search folder (default: runs/search-<name>): a local path, or a URI such as s3://bucket/prefix "
+                                 "(any pyarrow or installed fsspec filesystem; credentials from the environment)")
     p.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port); default: start a local Ray")
     p.add_argument("--resume", action="store_true", help="continue the search in --out")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as resources allow)")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                          overrides=args.overrides)
     print()
     print(outcome.summary)
-    print(f"\nsearch folder: {outcome.search_dir} (summary.md, results.csv, best/, plots)")
+    print(f"\nsearch folder: {outcome.location or outcome.search_dir} (summary.md, results.csv, best/, plots)")
     if outcome.interrupted is not None:
         name = signal.Signals(outcome.interrupted).name
         print(f"blockforge: stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}", file=sys.stderr)

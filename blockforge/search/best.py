@@ -11,7 +11,7 @@ from blockforge.tables import fmt, markdown_table
 from blockforge.train.events import Status
 
 
-def _pick_cell(cells: list[str], wanted: str | None, search_dir: Path) -> str:
+def _pick_cell(cells: list[str], wanted: str | None, search_dir) -> str:
     if wanted is None:
         if len(cells) == 1:
             return cells[0]
@@ -88,21 +88,27 @@ def _card_search_section(plan, evidence, name: str, chosen, point, number: int |
 
 
 def export_best(
-    search_dir: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
+    search: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
     pick: int | None = None, under: str | None = None, dtype: str | None = None,
 ) -> Path:
     """Export cell `cell`'s winner (the best mean over its replicates after confirmation, its base-seed run), or with a
-    cost axis the front point `pick` or the best within `under`, in `format`."""
+    cost axis the front point `pick` or the best within `under`, in `format`. `search`: the search folder, or its URI
+    (the records, then the chosen run, are taken down into a local copy first)."""
+    from blockforge.search.store import SearchStore
+    from blockforge.storage import Storage
+
+    store = SearchStore(Storage.open(search), purpose="exports")
+    store.pull_records()
+    search_dir = store.local
     from blockforge.export import check_export_format, export_run
     from blockforge.spec.serialize import load_spec
     from blockforge.search.evidence import describe, evidence_by_cell
     from blockforge.search.report import candidate_table
     from blockforge.train.loop import Trainer
 
-    search_dir = Path(search_dir)
     plan = stored_plan(search_dir)
     records = Ledger(search_dir / "trials.jsonl").records()
-    name = _pick_cell(plan.all_names(), cell, search_dir)
+    name = _pick_cell(plan.all_names(), cell, store)
     evidence = evidence_by_cell(plan, records)[name]
     point, number = (None, None) if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
     winner = evidence.winner if point is None else point.candidate
@@ -114,9 +120,10 @@ def export_best(
         sign = 1.0 if plan.mode == "min" else -1.0
         pruned = [r for r in records if r.cell == name and r.status == Status.PRUNED and r.value is not None]
         if not pruned:
-            raise BlockforgeError(f"{search_dir}: cell {name} has no completed or pruned trial to export; resume the search first")
+            raise BlockforgeError(f"{store}: cell {name} has no completed or pruned trial to export; resume the search first")
         best = min(pruned, key=lambda r: (-r.steps, sign * r.value))
         seed, searched, run_dir, full = best.seed, best.overrides, Path(best.run_dir), False
+    store.pull_whole_run(run_dir)
     check_export_format(format, load_spec(run_dir / "spec.yaml"))  # refused before any retraining
     if retrain or not full:
         # A partial (pruned) best, or an explicit request: train the best spec to the full budget.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.store import SearchStore
 from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial
 from blockforge.train.events import Status
 
@@ -27,7 +28,7 @@ class SearchContext:
     (`SearchContext.of`): Tune keeps searcher and scheduler apart, and restores the searcher by unpickling it."""
 
     plan: SearchPlan
-    search_dir: str
+    store: SearchStore  # where the search is kept; search_dir is its local folder (a remote one's working copy)
     ledger: Ledger
     live: dict[str, Trial] = field(default_factory=dict)
     predictions: object = None  # stages/predictions.Predictions: the transfer targets' (with transfer)
@@ -36,6 +37,10 @@ class SearchContext:
     cost_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # architecture + micro batch -> computed costs
 
     _registered = {}
+
+    @property
+    def search_dir(self) -> str:
+        return str(self.store.local)
 
     def register(self) -> None:
         SearchContext._registered[str(Path(self.search_dir).resolve())] = self
@@ -248,6 +253,7 @@ class Cell:
             elif record.status == Status.COMPLETED and record.value is not None and record.run_dir:
                 from blockforge.search.rungs import Curve, curve_of
 
+                self.context.store.pull_run(record)  # its curve, as the trial put it up (a remote search's)
                 self._rungs.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, self.plan.metric), record.value))
 
     def records(self) -> list[TrialRecord]:

@@ -37,8 +37,13 @@ def cell_slug(cell: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.replace(",", "__"))
 
 
+def trial_rel(cell: str, identity: str) -> str:
+    """A trial's run folder relative to its search folder (trials/CELL/IDENTITY)."""
+    return f"trials/{cell_slug(cell)}/{identity}"
+
+
 def trial_dir(search_dir: str | os.PathLike, cell: str, identity: str) -> Path:
-    return Path(search_dir) / "trials" / cell_slug(cell) / identity
+    return Path(search_dir) / trial_rel(cell, identity)
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,7 @@ class SearchPlan:
     costs: list[tuple[str, str]] = field(default_factory=list)  # a cost axis: (cost, min | max) after the quality metric
     constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
     adjustments: list[str] = field(default_factory=list)  # what loading changed in the recipes, each a sentence the driver prints
+    search_data: dict = field(default_factory=dict)  # the search file's data as read: search.json keeps it with base_data
 
     def varied_keys(self) -> set[str]:
         """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
@@ -364,21 +370,26 @@ def divergence_penalty(metric: str, mode: str, max_loss: float | None) -> float:
     return math.exp(ceiling) if metric.endswith("_ppl") else ceiling
 
 
-def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None, workdir: str | None = None) -> SearchPlan:
+def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None = None, workdir: str | None = None,
+                kept: dict | None = None) -> SearchPlan:
     """Read, validate and pre-flight a search file; any problem is one SpecError naming the key path.
 
-    `workdir`: where relative data paths point (default: the current directory).
+    `workdir`: where relative data paths point (default: the current directory). `kept`: the search file's and its
+    base recipe's data as search.json keeps them ({"search": ..., "base": ...}), read instead of the files (a search
+    folder on a machine without them); local data paths are not checked then, since nothing trains from them here.
     """
     try:
-        return _load_search(Path(path), overrides, workdir or os.getcwd())
+        return _load_search(Path(path), overrides, workdir or os.getcwd(), kept)
     except SpecError as err:
         raise err.located(str(path)) from None
 
 
 def folder_marker(plan: SearchPlan, overrides: list[tuple[str, Any]] | None) -> dict:
-    """What search.json records: enough to rebuild the plan a search folder was started with."""
+    """What search.json records: enough to rebuild the plan a search folder was started with, on any machine (the
+    search file's and its base recipe's data are kept beside their names)."""
     return {"file": str(Path(plan.file).resolve()), "fingerprint": plan.fingerprint(), "name": plan.name,
-            "overrides": [[key, value] for key, value in overrides or []], "workdir": plan.workdir}
+            "overrides": [[key, value] for key, value in overrides or []], "workdir": plan.workdir,
+            "kept": {"search": plan.search_data, "base": plan.base_data}}
 
 
 def read_marker(search_dir: Path) -> dict:
@@ -392,9 +403,13 @@ def read_marker(search_dir: Path) -> dict:
 
 
 def stored_plan(search_dir: Path) -> SearchPlan:
-    """The plan a search folder was started with: its file, --set overrides and start directory, checked unchanged."""
+    """The plan a search folder was started with: its file, --set overrides and start directory, checked unchanged.
+    A folder whose search.json keeps the files' data is rebuilt from it (the files may be elsewhere, or gone)."""
     marker = read_marker(search_dir)
-    plan = load_search(marker["file"], [tuple(o) for o in marker.get("overrides", [])], workdir=marker.get("workdir"))
+    kept = marker.get("kept")
+    if not (isinstance(kept, dict) and isinstance(kept.get("search"), dict) and isinstance(kept.get("base"), dict)):
+        kept = None  # a folder from before search.json kept them: the files must be where they were
+    plan = load_search(marker["file"], [tuple(o) for o in marker.get("overrides", [])], workdir=marker.get("workdir"), kept=kept)
     if plan.fingerprint() != marker["fingerprint"]:
         raise BlockforgeError(f"{marker['file']}: changed since the search in {search_dir} started; "
                               "restore the file it ran with (its results belong to that one)")
@@ -528,17 +543,17 @@ def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], c
     return targets
 
 
-def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str) -> SearchPlan:
-    raw = read_yaml(path)
+def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str, kept: dict | None = None) -> SearchPlan:
+    raw = read_yaml(path) if kept is None else kept["search"]
     spec = parse(SearchFile, raw)
 
     def fail(message: str, where: str) -> SpecError:
         return SpecError(message, path=where, file=str(path))
 
     base_path = path.parent / spec.base
-    if not base_path.is_file():
+    if kept is None and not base_path.is_file():
         raise fail(f"base recipe '{spec.base}' not found next to the search file ({base_path})", "base")
-    base_data = read_composed(base_path)
+    base_data = read_composed(base_path) if kept is None else kept["base"]
 
     def checked(key: str, where: str) -> str:
         try:
@@ -595,7 +610,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
             try:
                 recipe = recipe_from_data(anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), workdir),
                                           file=str(base_path))
-                if not probe:
+                if not probe and kept is None:
                     _check_local_data(recipe)
             except SpecError as err:
                 where = f"cell {name}" + (f" with baseline {probe}" if probe else "")
@@ -649,7 +664,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         settings={name: CellSettings(steps[name], eval_every[name], seeds[name], depths[name]) for name in steps}, confirm=spec.confirm,
         workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
-        targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments,
+        targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
     )
     from blockforge.search.costs import check_constraints
 

@@ -7,6 +7,7 @@ results.csv, best/, summary.md, the plots and the fitted alpha law.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,8 +26,10 @@ from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.search import reaper
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
-from blockforge.spec import Assignment
 from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.search.store import SearchStore
+from blockforge.spec import Assignment
+from blockforge.storage import Storage
 from blockforge.train.events import Status
 from blockforge.train.lock import RunLock
 
@@ -256,7 +259,7 @@ class ProgressView:
 def _tune_callback(view: ProgressView):
     from ray.tune import Callback
 
-    from blockforge.search.trials import WRITE_ERROR
+    from blockforge.search.trials import WRITE_ERROR, WRITE_FIX
 
     class Live(Callback):
         def setup(self, **info):
@@ -270,7 +273,7 @@ def _tune_callback(view: ProgressView):
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if WRITE_ERROR in result:
-                _write_failed(result[WRITE_ERROR])
+                _write_failed(result[WRITE_ERROR], result.get(WRITE_FIX) or "free space")
             view.update(tune_trials=trials)
 
     return Live()
@@ -278,11 +281,12 @@ def _tune_callback(view: ProgressView):
 
 @dataclass
 class SearchOutcome:
-    search_dir: Path
+    search_dir: Path  # where its files are on this machine (a remote search's working copy)
     records: list[TrialRecord]
     summary: str
     interrupted: int | None = None  # the signal that stopped the search early (it resumes with --resume)
     resume_command: str = ""
+    location: str = ""  # where the search is kept: the folder, or the storage's URI
 
 
 class SearchStopped(BlockforgeError):
@@ -311,6 +315,7 @@ class Interrupts:
         self.resume_command = resume_command
         self.signal: int | None = None
         self.write_failure: str | None = None  # a trial could not write: the search stops as for a signal
+        self.write_fix = "free space"  # ...and what to do before resuming
         self.phase = "start"  # start -> fit -> end
         self.tune_listens = False
         self._saved: dict = {}
@@ -356,10 +361,10 @@ class Interrupts:
     def stopping(self) -> bool:
         return self.signal is not None or self.write_failure is not None
 
-    def write_failed(self, sentence: str) -> None:
-        """A trial could not write (a full disk): stop the search the way a signal does, at its first such trial."""
+    def write_failed(self, sentence: str, fix: str = "free space") -> None:
+        """A trial could not write (a full disk, a storage gone): stop the search the way a signal does, at its first such trial."""
         if self.write_failure is None:
-            self.write_failure = sentence  # said once, when the search has stopped
+            self.write_failure, self.write_fix = sentence, fix  # said once, when the search has stopped
         self._forward()
 
     def _forward(self) -> None:
@@ -388,9 +393,9 @@ def _tune_listening() -> None:
         _ACTIVE.listening()
 
 
-def _write_failed(sentence: str) -> None:
+def _write_failed(sentence: str, fix: str = "free space") -> None:
     if _ACTIVE is not None:
-        _ACTIVE.write_failed(sentence)
+        _ACTIVE.write_failed(sentence, fix)
 
 
 QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
@@ -413,14 +418,21 @@ class _StateWriteFailure:
     """Tune logs a failed save of its experiment state (a full disk) with a traceback and runs on; here it
     stops the search in one sentence instead, like a trial that cannot write."""
 
-    def __init__(self, interrupts: "Interrupts", folder: Path):
-        self.interrupts, self.folder = interrupts, folder
+    def __init__(self, interrupts: "Interrupts", store: SearchStore):
+        self.interrupts, self.store = interrupts, store
 
     def filter(self, record) -> bool:
-        reason = _write_failure_in(record.exc_info[1]) if record.exc_info else None
+        err = record.exc_info[1] if record.exc_info else None
+        if err is not None and self.store.remote and isinstance(err, OSError) and not isinstance(err, BlockforgeError):
+            from blockforge.storage import storage_failure
+
+            reason, fix = storage_failure(err, self.store.storage)
+            self.interrupts.write_failed(f"{self.store}/tune: cannot write Ray Tune's experiment state ({reason})", fix)
+            return False
+        reason = _write_failure_in(err) if err is not None else None
         if reason is None:
             return True
-        self.interrupts.write_failed(f"{self.folder}: cannot write Ray Tune's experiment state ({reason})")
+        self.interrupts.write_failed(f"{self.store.local / 'tune'}: cannot write Ray Tune's experiment state ({reason})")
         return False
 
 
@@ -440,12 +452,12 @@ def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tu
     return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), "--resume"])
 
 
-def _trainable(plan: SearchPlan, search_dir: Path):
+def _trainable(plan: SearchPlan, store: SearchStore):
     from ray import tune
 
     from blockforge.search.trials import run_trial
 
-    trainable = tune.with_parameters(run_trial, plan=plan, search_dir=str(search_dir))
+    trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage))
     if plan.transfer is None or plan.transfer.resources is None:
         return tune.with_resources(trainable, {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu})
     from ray.tune import PlacementGroupFactory
@@ -457,25 +469,35 @@ def _trainable(plan: SearchPlan, search_dir: Path):
     return tune.with_resources(trainable, resources)
 
 
+def open_store(out: str | os.PathLike | None, default: str) -> SearchStore:
+    """The store of `--out` (default: runs/search-NAME): a URI's storage checked by writing to it, before anything else is."""
+    store = SearchStore(Storage.open(out if out is not None else default))
+    if store.remote:
+        store.storage.check()
+    return store
+
+
 def run_search(
     path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool = False,
     max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
 ) -> SearchOutcome:
     """Run (or resume) the search in `path`; returns the records and the printed summary.
 
-    Everything that can be checked before a trial starts is: the search file, the flags, each cell's
-    memory plan (before Ray starts), and the trial's resources and memory against the cluster's nodes
-    (once connected). A start that fails leaves no search.json behind, so the next plain run works.
+    `out`: the search folder, a local path or a URI (s3://bucket/prefix; blockforge.storage). Everything that can be
+    checked before a trial starts is: the search file, the flags, the storage, each cell's memory plan (before Ray
+    starts), and the trial's resources and memory against the cluster's nodes, and that every node sees a local
+    search folder (once connected). A start that fails leaves no search.json behind, so the next plain run works.
     """
     if max_concurrent is not None and max_concurrent < 1:
         raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
+    storage = Storage.open(out) if out is not None else None  # a URI no filesystem here can open is refused by name now
     # A resumed search reads its data where it was started (without --out, runs/ is relative to here anyway).
-    started = read_marker(Path(out)) if resume and out and (Path(out) / MARKER).exists() else None
+    started = stored_marker(SearchStore(storage)) if resume and storage is not None else None
     plan = load_search(path, overrides, workdir=started.get("workdir") if started else None)
-    search_dir = Path(out) if out else Path("runs") / f"search-{plan.name}"
-    search_dir = search_dir.resolve()
-    if resume and not (search_dir / MARKER).exists():
-        raise BlockforgeError(f"{search_dir}: holds no search to resume; run without --resume (or give --out of the search)")
+    store = open_store(storage, str(Path("runs") / f"search-{plan.name}"))
+    search_dir = store.local
+    if resume and not store.holds_search():
+        raise BlockforgeError(f"{store}: holds no search to resume; run without --resume (or give --out of the search)")
     if address is not None:
         _probe(address)  # seconds, not the minutes of a Ray start that waits on it
     from blockforge.search.preflight import memory_needs
@@ -486,60 +508,80 @@ def run_search(
     print(format_plan(plan, search_plan(plan)), flush=True)
     for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
         print(adjustment, flush=True)
-    writable_folder(search_dir, "the search")
+    writable_folder(search_dir, "the search" if not store.remote else f"the working copy of {store}")
     # One driver per search folder, from before anything is written to the end of the reports (--resume too).
     lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
     try:
         remove_leftover_temporaries(search_dir)
-        return _run_owned(path, plan, search_dir, needs, address=address, resume=resume, max_concurrent=max_concurrent,
+        return _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
                           overrides=overrides, progress_every_s=progress_every_s)
     finally:
         lock.release()
 
 
-def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address: str | None, resume: bool, max_concurrent: int | None,
-               overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
+def stored_marker(store: SearchStore) -> dict | None:
+    """The search.json of the search in `store`, if it holds one (taken down into the working copy first)."""
+    if store.remote:
+        if not store.storage.exists(MARKER):
+            return None
+        store.storage.download(MARKER, store.local / MARKER)
+    return read_marker(store.local) if (store.local / MARKER).exists() else None
+
+
+def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, address: str | None, resume: bool,
+               max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
     """run_search in a search folder this driver holds the lock of."""
     from blockforge.search.preflight import check_cluster
 
+    search_dir = store.local
     marker = search_dir / MARKER
-    if marker.exists() and not resume:
-        raise BlockforgeError(f"{search_dir}: already holds a search; pass --resume to continue it, or choose another --out")
+    command = resume_command(path, store.storage, overrides)
+    if store.holds_search() and not resume:
+        raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
     if resume:
+        store.pull()  # the storage is the truth: the working copy is brought up to it (a local folder is it)
         started = read_marker(search_dir)
         if started["fingerprint"] != plan.fingerprint():
-            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {search_dir} was started; resume with "
-                                  f"the same ones ({resume_command(started['file'], search_dir, started.get('overrides'))}), or choose another --out")
-    if resume:  # a damaged ledger is repaired from its copy and the run folders, or refused: never resumed into less
-        from blockforge.search.repair import repair_ledger
+            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {store} was started; resume with "
+                                  f"the same ones ({resume_command(started['file'], store.storage, started.get('overrides'))}), or choose another --out")
+        from blockforge.search.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
 
-        repaired = repair_ledger(search_dir, plan.metric, resume_command(path, search_dir, overrides))
+        repaired = repair_ledger(search_dir, plan.metric, command)
         if repaired:
             print(repaired, flush=True)
-    ledger = Ledger.reopen(search_dir / "trials.jsonl")  # the searcher opens it again when it starts
-    with Interrupts(resume_command(path, search_dir, overrides)) as interrupts:
+        store.fold()  # the storage's ledger is the working copy's, whole
+    else:
+        store.start_afresh()
+    ledger = store.attach(Ledger.reopen(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
+    with Interrupts(command) as interrupts, store.driving():
         started_here = ensure_ray(address)
         try:
             interrupts.arm()
-            check_cluster(plan, needs, address)
+            check_cluster(plan, needs, address, store)
             interrupts.check()
             if not resume:
                 atomic_write_json(marker, folder_marker(plan, overrides))
+                store.put(MARKER)
             view = ProgressView(ledger, plan, every_s=progress_every_s)
             try:
-                _fit(plan, search_dir, resume, max_concurrent, view, interrupts)
-            except Exception as err:  # the driver's own writes (the ledger) on a full disk: as for a trial's
+                _fit(plan, store, resume, max_concurrent, view, interrupts)
+            except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
                 reason = _write_failure_in(err) if interrupts.phase == "fit" else None
                 if reason is None:
                     raise
-                interrupts.write_failure = interrupts.write_failure or f"{search_dir}: cannot write the search's records ({reason})"
+                said, fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
+                if interrupts.write_failure is None:
+                    interrupts.write_failure, interrupts.write_fix = said, fix
         except BaseException:
             if interrupts.phase == "start" and not resume:
                 marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
+                if store.remote:
+                    with contextlib.suppress(BlockforgeError):
+                        store.storage.delete(MARKER)
             raise
         finally:
             try:
-                ledger = Ledger.opened(search_dir / "trials.jsonl")  # the searcher's, which holds what it appended
+                ledger = store.attach(Ledger.opened(search_dir / "trials.jsonl"))  # the searcher's, which holds what it appended
                 if interrupts.phase != "start":
                     ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
             except OSError:
@@ -550,12 +592,44 @@ def _run_owned(path, plan: SearchPlan, search_dir: Path, needs: dict, *, address
                     stop_ray()
         interrupts.phase = "end"
         if interrupts.write_failure is not None:
-            raise WriteError(f"{interrupts.write_failure}; the search stopped there: free space, then resume with: {interrupts.resume_command}")
+            raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
+                             f"{interrupts.resume_command}")
         view.update(force=True, journal=False)  # the reports below rebuild every view
         from blockforge.search.report import write_reports
 
-        summary = write_reports(search_dir, plan, ledger)
-    return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command)
+        store.pull_runs()  # every run's curves and results, as the trials put them up
+        summary = write_reports(search_dir, plan, ledger, location=str(store))
+        store.put_reports()
+    return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command,
+                         location=str(store))
+
+
+def _failure_sentence(err: BaseException, default: str) -> tuple[str, str]:
+    """(sentence, fix) for a failed write of the driver: a storage's own words, or `default` and 'free space'."""
+    from blockforge.storage import StorageError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, StorageError) and err.fix:
+            return str(err).removesuffix(f"; {err.fix}"), err.fix
+        err = err.__cause__ or err.__context__
+    return default, "free space"
+
+
+def _damaged_tune_state(store: SearchStore) -> str | None:
+    """damaged_tune_state of the search's Tune state, wherever the storage keeps it (a URI's: taken down to look at)."""
+    if not store.remote:
+        damaged = damaged_tune_state(store.local / "tune")
+        return None if damaged is None else str(damaged)
+    local = store.local / "tune"
+    shutil.rmtree(local, ignore_errors=True)
+    for name in store.storage.child("tune").listing():
+        if "/" not in name:  # the state files (trial folders below are Tune's own)
+            store.storage.download(f"tune/{name}", local / name)
+    damaged = damaged_tune_state(local)
+    shutil.rmtree(local, ignore_errors=True)
+    return None if damaged is None else f"{store}/tune/{damaged.name}"
 
 
 def damaged_tune_state(experiment: Path) -> Path | None:
@@ -588,7 +662,7 @@ def damaged_tune_state(experiment: Path) -> Path | None:
     return None
 
 
-def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
+def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it."""
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
@@ -598,7 +672,7 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     quiet = _QuietWhenInterrupted(interrupts)
     for name in QUIET_WHEN_INTERRUPTED:
         logging.getLogger(name).addFilter(quiet)
-    state_failure = _StateWriteFailure(interrupts, search_dir / "tune")
+    state_failure = _StateWriteFailure(interrupts, store)
     logging.getLogger(EXPERIMENT_STATE_LOG).addFilter(state_failure)
     from ray import tune
 
@@ -608,30 +682,28 @@ def _fit(plan: SearchPlan, search_dir: Path, resume: bool, max_concurrent: int |
     from blockforge.search.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
-    trainable = _trainable(plan, search_dir)
-    experiment = search_dir / "tune"
+    trainable = _trainable(plan, store)
+    experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
     interrupts.check()
-    damaged = damaged_tune_state(experiment) if resume else None
+    damaged = _damaged_tune_state(store) if resume else None
     if damaged is not None:  # e.g. written while the disk filled up: the ledger has the search, Tune starts anew
-        aside = search_dir / "tune.damaged"
-        shutil.rmtree(aside, ignore_errors=True)
-        experiment.rename(aside)
-        warn(f"{damaged}: Ray Tune's saved state is damaged (moved to {aside.name}/); the search continues from its ledger")
+        store.set_aside("tune", "tune.damaged")
+        warn(f"{damaged}: Ray Tune's saved state is damaged (moved to tune.damaged/); the search continues from its ledger")
     if resume and damaged is None and tune.Tuner.can_restore(str(experiment)):
         # Errored trials stay failed, as the ledger records them; trials still running when the driver
         # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
         tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
     else:
-        scheduler = CellScheduler(plan, str(search_dir)) if plan.asha is not None else None
+        scheduler = CellScheduler(plan, store) if plan.asha is not None else None
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=CellSearcher(plan, str(search_dir), from_ledger=resume), scheduler=scheduler, num_samples=-1,
+                search_alg=CellSearcher(plan, store, from_ledger=resume), scheduler=scheduler, num_samples=-1,
                 max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
                 metric=OBJECTIVE, mode=plan.mode,
             ),
             run_config=tune.RunConfig(
-                name="tune", storage_path=str(search_dir), verbose=0, callbacks=[_tune_callback(view)],
+                name="tune", storage_path=str(store.storage), verbose=0, callbacks=[_tune_callback(view)],
                 failure_config=tune.FailureConfig(max_failures=2),
             ),
         )

@@ -4,12 +4,18 @@ Ray Tune keeps its experiment state for resuming; this ledger is what results.cs
 plots and `blockforge export` read. It is append-only, so a killed driver loses nothing it wrote. A
 driver reads it once (at start or resume), holds the latest record of every trial, and appends: no
 event re-reads the file.
+
+Records name their run folders relative to the search folder (trials/CELL/IDENTITY), so a search folder can be
+copied, moved, or kept in an object store; in memory they name them where the ledger's folder is now. A search in
+an object store also gets each record as a small object of its own (trials.segments/, `Segments`) the moment it is
+appended, because a whole file cannot be appended to there; the segments are folded into the two copies now and then.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -101,6 +107,8 @@ class Ledger:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.folder = self.path.parent.resolve()  # what the records' run folders are relative to
+        self.on_append: Callable[[TrialRecord, bytes], None] | None = None  # also given each new line (a search in an object store)
         self._latest: dict[tuple[str, int], TrialRecord] | None = None
         self._sorted: list[TrialRecord] | None = None
         self._appended: list[TrialRecord] = []  # what this instance appended, in order
@@ -128,9 +136,10 @@ class Ledger:
         return self.path.with_name(self.path.stem + ".backup" + self.path.suffix)
 
     def _held(self) -> dict[tuple[str, int], TrialRecord]:
-        if self._latest is None:  # both copies, merged: a record damaged or lost in one is read from the other
+        if self._latest is None:  # every copy, merged: a record damaged or lost in one is read from another
             main, self.damage = read_lines(self.path)
-            self._latest = merged(main, read_lines(self.backup)[0])
+            latest = merged(main, read_lines(self.backup)[0], *(read_lines(p)[0] for p in segment_files(self.folder)))
+            self._latest = {key: located(record, self.folder) for key, record in latest.items()}
             self._seq = max((r.seq for r in self._latest.values()), default=0)
         return self._latest
 
@@ -139,9 +148,12 @@ class Ledger:
         self._held()
         self._seq += 1
         record = replace(record, seq=self._seq)
-        line = (json.dumps(asdict(record), default=str) + "\n").encode()
+        line = record_line(record, self.folder)
         for path in (self.path, self.backup):
             _append_line(path, line)
+        if self.on_append is not None:
+            self.on_append(record, line)
+        record = located(record, self.folder)
         self._held()[(record.cell, record.trial)] = record
         self._appended.append(record)
         self._sorted = None
@@ -162,6 +174,49 @@ class Ledger:
         for record in stopped:
             self.append(record)
         return stopped
+
+
+def record_line(record: TrialRecord, folder: Path) -> bytes:
+    """A record as the ledger writes it: one JSON line, its run folder relative to the search folder `folder`."""
+    run_dir = record.run_dir
+    if run_dir and Path(run_dir).is_absolute() and Path(run_dir).is_relative_to(folder):
+        run_dir = Path(run_dir).relative_to(folder).as_posix()
+    return (json.dumps(asdict(replace(record, run_dir=run_dir)), default=str) + "\n").encode()
+
+
+def located(record: TrialRecord, folder: Path) -> TrialRecord:
+    """`record` with its run folder named where the search folder `folder` is now. A ledger written before records named
+    them relatively names where the search was then: a path that ends in trials/CELL/IDENTITY is taken from there."""
+    run_dir = record.run_dir
+    if not run_dir:
+        return record
+    path = Path(run_dir)
+    if not path.is_absolute():
+        return replace(record, run_dir=str(folder / path))
+    if path.is_relative_to(folder):
+        return record
+    parts = path.parts
+    if len(parts) >= 3 and parts[-3] == "trials" and parts[-1] == record.identity:
+        return replace(record, run_dir=str(folder / Path(*parts[-3:])))
+    return record
+
+
+def absolute_run_dirs(records: list[TrialRecord]) -> int:
+    """How many of `records` (as read from a file) name their run folder by an absolute path (ledgers before relative ones)."""
+    return sum(bool(r.run_dir) and Path(r.run_dir).is_absolute() for r in records)
+
+
+SEGMENTS = "trials.segments"  # in a search folder kept in an object store: one small file per record, until folded in
+
+
+def segment_files(folder: Path) -> list[Path]:
+    """The record segments in search folder `folder`, in order."""
+    root = Path(folder) / SEGMENTS
+    return sorted(root.glob("*.jsonl")) if root.is_dir() else []
+
+
+def segment_name(record: TrialRecord) -> str:
+    return f"{SEGMENTS}/{record.seq:010d}.jsonl"
 
 
 def _append_line(path: Path, line: bytes) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
+from pathlib import Path
 
-from blockforge.errors import SpecError
+from blockforge.errors import BlockforgeError, SpecError
 from blockforge.search.config import SearchPlan, cell_name
 
 GiB = 2**30
@@ -53,13 +55,63 @@ def _describe(node: dict) -> str:
     return f"{node.get('NodeManagerAddress', '?')}: {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, {_gib(res.get('memory', 0))}"
 
 
-def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None) -> None:
-    """Refuse, in one sentence, a search whose trials no node of the connected Ray cluster can run."""
+def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None, store=None) -> None:
+    """Refuse, in one sentence, a search whose trials no node of the connected Ray cluster can run, or whose local
+    search folder (`store`, a search/store.SearchStore) a node that can run them does not see."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpu_memory = _driver_gpu_memory(plan, nodes) if address is None or not address.startswith("ray://") else None
     check_nodes(plan, needs, nodes, gpu_memory)
+    if store is not None and not store.remote:
+        check_shared_folder(store.local, [n for n in nodes if n["Resources"].get("CPU", 0) > 0 or n["Resources"].get("GPU", 0) > 0])
+
+
+SEEN_TIMEOUT_S = 60.0  # how long the per-node check of a local search folder may take (a node that must start a worker first)
+
+
+def check_shared_folder(folder: Path, nodes: list[dict]) -> None:
+    """Every node that can run a trial, other than the driver's own, must see the local search folder: a marker is
+    written there and one small task per node reads it. A node that cannot is refused by name, before any trial."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [node for node in nodes if node["NodeID"] != here]
+    if not nodes:
+        return
+    token = uuid.uuid4().hex
+    marker = Path(folder) / f".node-check-{token}"
+    marker.write_text(token)
+    try:
+        sees = ray.remote(num_cpus=0)(_sees)
+        pending = {node["NodeID"]: sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker), token)
+                   for node in nodes}
+        for node in nodes:
+            try:
+                seen = ray.get(pending[node["NodeID"]], timeout=SEEN_TIMEOUT_S)
+            except Exception as err:  # the node did not answer: it cannot be shown to see the folder
+                seen = f"no answer ({type(err).__name__})"
+            if seen is not True:
+                where = node.get("NodeManagerAddress", "?")
+                raise BlockforgeError(
+                    f"{folder}: node {where} (id {node['NodeID'][:12]}) cannot see this search folder ({seen}), and its trials would "
+                    "write where the driver never reads; put the search on a filesystem every node mounts (NFS), or in an object "
+                    "store: --out s3://BUCKET/PREFIX (or gs://...)")
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _sees(path: str, token: str):
+    """Run on one node: True if it reads `token` at `path`, else what it found."""
+    from pathlib import Path
+
+    try:
+        return True if Path(path).read_text() == token else "the marker written there reads differently"
+    except FileNotFoundError:
+        return "a marker the driver wrote there is missing on that node"
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 def check_nodes(plan: SearchPlan, needs: dict[str, int], nodes: list[dict], gpu_memory: int | None) -> None:

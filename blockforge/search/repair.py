@@ -11,12 +11,12 @@ record names) is refused in one sentence, so a search is never resumed into a sm
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_text
-from blockforge.search.ledger import Ledger, TrialRecord, merged, read_lines
+from blockforge.search.ledger import Ledger, TrialRecord, absolute_run_dirs, located, merged, read_lines, record_line, segment_files
 from blockforge.train.events import Status
 
 
@@ -44,11 +44,13 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
     ledger = Ledger(path)
     main, damaged = read_lines(path)
     copy, _ = read_lines(ledger.backup)
+    segments = [record for part in segment_files(ledger.folder) for record in read_lines(part)[0]]
+    moved = absolute_run_dirs(main) + absolute_run_dirs(copy)  # written before records named run folders relatively
     runs = sorted({str(p.parent) for p in (search_dir / "trials").glob("*/*/metrics.jsonl")})
     if damaged and not copy:
         raise BlockforgeError(f"{path}: line {damaged[0]} is not a record (the file was damaged) and there is no {ledger.backup.name} to restore "
                               f"it from, so finished trials could be missing; restore {path.name} from a copy, then resume with: {resume}")
-    latest = merged(main, copy)
+    latest = {key: located(record, ledger.folder) for key, record in merged(main, copy, segments).items()}
     named = {str(Path(r.run_dir).resolve()) for r in latest.values() if r.run_dir}
     unnamed = [run for run in runs if str(Path(run).resolve()) not in named]
     if unnamed:
@@ -63,21 +65,25 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
             finished[key] = done
     in_main = merged(main)
     restored = [key for key, record in latest.items() if key not in in_main or in_main[key].seq < record.seq]
-    if not (damaged or finished or restored):
+    if not (damaged or finished or restored or moved):
         return None
     top = max((r.seq for r in latest.values()), default=0)
     for record in finished.values():  # results read from run folders come after everything the ledger held
         top += 1
         latest[(record.cell, record.trial)] = replace(record, seq=top)
-    text = "".join(json.dumps(asdict(r), default=str) + "\n" for r in sorted(latest.values(), key=lambda r: r.seq))
+    text = b"".join(record_line(r, ledger.folder) for r in sorted(latest.values(), key=lambda r: r.seq)).decode()
     for target in (path, ledger.backup):
         atomic_write_text(target, text)
+    for part in segment_files(ledger.folder):  # folded into both copies now
+        part.unlink()
     Ledger.reopen(path)
     said = []
     if damaged:
         said.append(f"line(s) {', '.join(map(str, damaged[:5]))} were not records")
     if restored:
-        said.append(f"{len(restored)} record(s) were restored from {ledger.backup.name}")
+        said.append(f"{len(restored)} record(s) were restored from {ledger.backup.name}" + (" or the storage's record segments" if segments else ""))
+    if moved:
+        said.append(f"{moved} record(s) that named run folders by absolute paths now name them relative to the search folder")
     if finished:
         said.append(f"{len(finished)} finished trial(s) whose last line was lost were read back from their run folders")
     return f"{path}: repaired before resuming: " + "; ".join(said) + "."

@@ -446,8 +446,9 @@ def budget_text(plan: SearchPlan) -> str:
     return "per cell " + ", ".join(f"{cell}: {s.steps}" for cell, s in plan.settings.items()) + " steps"
 
 
-def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
-    """Write every report file; returns the summary table and claims as text (what the CLI prints)."""
+def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: str | None = None) -> str:
+    """Write every report file; returns the summary table and claims as text (what the CLI prints). `location`: where
+    the search is kept, as its views should name it (a remote search's URI; default: `search_dir`)."""
     records = ledger.records()
     write_results_csv(plan, records, search_dir / "results.csv")
     write_optuna_storage(search_dir, plan, records)
@@ -491,14 +492,16 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger) -> str:
             plot_target_curves(plan, evidence, found.gaps, search_dir / "transfer_curves.png")
         transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
                              f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
-    curves = (f"Curves of every trial: `tensorboard --logdir {search_dir / 'tensorboard'}`." if tensorboard
+    where = location or str(search_dir)
+    curves = (f"Curves of every trial: `tensorboard --logdir {where}/tensorboard`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
     plots = ["metric_vs_alpha.png", "best_alpha_vs_depth.png"] if plan.varies_alpha else []
     plots += ["pareto.png"] if plan.costs else []
     plots += ["lr_check.png"] if lr_checks else []
     plots += ["transfer_curves.png"] if plan.targets and any(evidence[t].candidates for t in plan.target_names()) else []
     views = ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
-             + f"\nOptuna studies, one per cell: `optuna-dashboard {search_dir / 'optuna.journal'}`. {curves}")
+             + f"\nOptuna studies, one per cell: `optuna-dashboard {where}/optuna.journal`. {curves}"
+             + (" (Take the journal down first: optuna-dashboard reads a local file.)" if location and location != str(search_dir) else ""))
     confirm = plan.confirm
     finalists = f"the {confirm.top} best distinct models" if confirm and not plan.costs else (f"up to {2 * confirm.top} points of the explored front" if confirm else "")
     stages = (f"confirmation: {finalists}, the baselines" + (" and the best Pre-LN model" if plan.against_pre_ln else "") + ", each trained to the full "

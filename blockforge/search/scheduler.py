@@ -42,10 +42,13 @@ def sorted_percentile(ordered: list[float], percent: float) -> float:
 class CellScheduler(FIFOScheduler):
     """Guarded ASHA per cell (see the module's docstring); the cells are the searcher's, found by the search folder."""
 
-    def __init__(self, plan: SearchPlan, search_dir: str):
+    def __init__(self, plan: SearchPlan, search):
+        """search: the search folder (a local path, or a search/store.SearchStore)."""
         super().__init__()
+        from blockforge.search.store import SearchStore
+
         self.plan = plan
-        self.search_dir = str(search_dir)
+        self.store = SearchStore.of(search)
         self.passed: dict[str, set[int]] = {}  # Tune trial id -> rungs it has been judged at (this driver)
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
@@ -54,7 +57,7 @@ class CellScheduler(FIFOScheduler):
     def _cell(self, name: str):
         from blockforge.search.cell import SearchContext
 
-        return SearchContext.of(self.search_dir, self.plan).cells[name]
+        return SearchContext.of(str(self.store.rebound().local), self.plan).cells[name]
 
     @staticmethod
     def _early_stoppable(trial) -> bool:

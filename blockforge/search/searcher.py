@@ -15,6 +15,7 @@ from ray.tune.search import Searcher
 from blockforge.search.cell import Cell, SearchContext
 from blockforge.search.config import OBJECTIVE, SearchPlan
 from blockforge.search.ledger import Ledger
+from blockforge.search.store import SearchStore
 from blockforge.search.stages.explore import FREE_ASKS_IN_A_ROW
 from blockforge.search.stages.pipeline import build_stages
 from blockforge.search.stages.predictions import Predictions
@@ -23,14 +24,16 @@ from blockforge.search.stages.predictions import Predictions
 class CellSearcher(Searcher):
     """Per cell: exploration, then confirmation, promotion and racing as the plan has them; transfer targets after."""
 
-    def __init__(self, plan: SearchPlan, search_dir: str, *, from_ledger: bool = False):
-        """from_ledger: continue the search the ledger records (when Ray Tune's own saved state is missing or
+    def __init__(self, plan: SearchPlan, search: SearchStore | str | Path, *, from_ledger: bool = False):
+        """search: the search folder (a local path, or a SearchStore: where it is kept).
+        from_ledger: continue the search the ledger records (when Ray Tune's own saved state is missing or
         damaged): its trials keep their numbers and outcomes, the samplers learn what they found, and the
         first points (baselines, enumerations) not yet tried come first, after the trials a stop interrupted."""
         super().__init__(metric=OBJECTIVE, mode=plan.mode)
-        ledger = Ledger.reopen(Path(search_dir) / "trials.jsonl")  # read once, here
+        store = SearchStore.of(search)
+        ledger = store.attach(Ledger.reopen(store.local / "trials.jsonl"))  # read once, here
         records = ledger.records() if from_ledger else []
-        self.context = SearchContext(plan, str(search_dir), ledger)
+        self.context = SearchContext(plan, store, ledger)
         self.context.predictions = Predictions(self.context)
         for index, name in enumerate(plan.all_names()):
             self.context.cells[name] = Cell(self.context, name, build_stages(self.context, name, index, records), records)
@@ -102,7 +105,8 @@ class CellSearcher(Searcher):
 
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
-        self.context.ledger = Ledger.reopen(Path(self.search_dir) / "trials.jsonl")
+        self.context.store = store = self.context.store.rebound()  # saved elsewhere (a moved folder, another machine): here
+        self.context.ledger = store.attach(Ledger.reopen(store.local / "trials.jsonl"))
         self.context.register()
         records = self.ledger.records()
         for cell in self.cells.values():

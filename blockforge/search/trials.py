@@ -4,8 +4,10 @@ A trial's run folder is named by its cell and identity inside the search folder,
 resumes from that folder's checkpoint whenever it exists. That is what makes a restarted trial (a
 resumed search, a retry after its node died) continue instead of starting over. The ledger decides
 whether a restarted trial trains at all: one it records as pruned, or a run folder with a result,
-reports that end at once. On a multi-node
-cluster the search folder must be on storage every node sees, as Ray Tune's storage_path must be.
+reports that end at once. On a multi-node cluster the search folder is either on storage every node
+mounts, or in an object store: then the trial trains in a scratch folder of its node that starts as
+the storage's copy of its run folder, and puts its files up before every report (search/store.py), so
+whatever the storage holds is what Tune was told, and a trial continues on any node.
 
 A trial with several workers (resources.gpu > 1, or resources.workers) trains data-parallel: this
 process is rank 0 and reports to Tune; ranks 1.. are `blockforge train` processes on the same node,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,8 +29,9 @@ import yaml
 
 from blockforge.errors import WriteError
 from blockforge.io import write_failure
-from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir
+from blockforge.search.config import OBJECTIVE, SearchPlan, trial_rel
 from blockforge.spec.strict import to_plain
+from blockforge.storage import Storage
 
 
 def _free_port() -> int:
@@ -75,15 +79,16 @@ def data_parallel_peers(recipe, run_dir: Path, workers: int, resume: bool):
                 os.environ[key] = value
 
 
-def _report_recorded_end(config: dict, plan: SearchPlan, search_dir: str) -> bool:
+def _report_recorded_end(config: dict, plan: SearchPlan, storage: Storage) -> bool:
     """A trial the ledger records as pruned (Tune restarts one that its saved state still had running when
-    the driver stopped) reports where it was stopped and ends there: it stays pruned, untrained further."""
+    the driver stopped) reports where it was stopped and ends there: it stays pruned, untrained further.
+    The ledger is read from the search's storage, not from this node's disk."""
     from ray import tune
 
-    from blockforge.search.ledger import Ledger
+    from blockforge.search.store import storage_record
     from blockforge.train.events import Status
 
-    record = Ledger(Path(search_dir) / "trials.jsonl").latest(config["cell"], config["number"])
+    record = storage_record(storage, config["cell"], config["number"])
     if record is None or record.status != Status.PRUNED or record.identity != config["identity"]:
         return False
     value = record.value if record.value is not None else plan.penalty
@@ -91,23 +96,26 @@ def _report_recorded_end(config: dict, plan: SearchPlan, search_dir: str) -> boo
     return True
 
 
-def run_trial(config: dict, plan: SearchPlan, search_dir: str) -> None:
-    """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes."""
-    if _report_recorded_end(config, plan, search_dir):
-        return
+def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
+    """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
+    `search`: the search folder, a local path or a URI (blockforge.storage)."""
+    storage = Storage.open(search)
     try:
-        _train(config, plan, search_dir)
+        if _report_recorded_end(config, plan, storage):
+            return
+        _train(config, plan, storage)
     except WriteError as err:
         _stop_search_for(err, plan.penalty)
     except OSError as err:  # a write outside the run's own checked writes
         reason = write_failure(err)
         if reason is None:
             raise
-        _stop_search_for(WriteError(f"{trial_dir(search_dir, config['cell'], config['identity'])}: cannot write the trial's files "
+        _stop_search_for(WriteError(f"{storage}/{trial_rel(config['cell'], config['identity'])}: cannot write the trial's files "
                                     f"({reason}); free space there"), plan.penalty)
 
 
 WRITE_ERROR = "write_error"  # a result key: the trial could not write, and the search stops (see driver.Interrupts)
+WRITE_FIX = "write_fix"  # ...and what to do before resuming (free space, bring the storage back)
 STOP_WAIT_S = 120.0  # how long a trial that could not write waits for the search to stop it
 
 
@@ -121,20 +129,25 @@ def _stop_search_for(err: WriteError, plan_penalty: float) -> None:
 
     from ray import tune
 
-    said = f"{err.folder}: cannot write {err.what} ({err.reason})" if hasattr(err, "reason") else str(err)
+    if getattr(err, "fix", None):  # a storage: its sentence, and its own fix
+        said, fix = str(err).removesuffix(f"; {err.fix}"), err.fix
+    else:
+        said = f"{err.folder}: cannot write {err.what} ({err.reason})" if hasattr(err, "folder") else str(err)
+        fix = "free space"
     waited = 0.0
     while waited < STOP_WAIT_S:  # Tune stops a trial inside report(), where the trial waits for its next turn
-        tune.report({WRITE_ERROR: said, OBJECTIVE: plan_penalty})
+        tune.report({WRITE_ERROR: said, WRITE_FIX: fix, OBJECTIVE: plan_penalty})
         time.sleep(1.0)
         waited += 1.0
     raise err
 
 
-def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
+def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     import ray
     import torch
     from ray import tune
 
+    from blockforge.search.store import trial_folder
     from blockforge.train.checkpoint import latest_checkpoint
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
@@ -143,29 +156,33 @@ def _train(config: dict, plan: SearchPlan, search_dir: str) -> None:
     workers = resources.data_parallel
     torch.set_num_threads(max(1, int(resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])
-    run_dir = trial_dir(search_dir, config["cell"], config["identity"])
-    costs = _measured_costs(plan, recipe, search_dir)  # reported with every result: the searcher records them
-    finished = run_dir / "result.json"
-    if finished.exists():  # finished before the driver was restarted: report, do not retrain
-        result = json.loads(finished.read_text())
-        diverged = result["status"] == Status.DIVERGED
-        metrics = result.get("metrics") or {}
-        value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
-        tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
-        return
-    resume = latest_checkpoint(run_dir) is not None
-    with data_parallel_peers(recipe, run_dir, workers, resume):
-        trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
-        with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
-            f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
-                                "workers": workers, "start_step": trainer.state["step"]}) + "\n")
-        for event in trainer.iterate():
-            metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
-            value = plan.penalty if event.diverged else metrics[plan.metric]
-            tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
+    costs = _measured_costs(plan, recipe, storage)  # reported with every result: the searcher records them
+    with trial_folder(storage, config["cell"], config["identity"]) as (run_dir, mirror):
+        push = mirror.push if mirror is not None else (lambda: None)
+        finished = run_dir / "result.json"
+        if finished.exists():  # finished before the driver was restarted: report, do not retrain
+            result = json.loads(finished.read_text())
+            diverged = result["status"] == Status.DIVERGED
+            metrics = result.get("metrics") or {}
+            value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
+            tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
+            return
+        resume = latest_checkpoint(run_dir) is not None
+        with data_parallel_peers(recipe, run_dir, workers, resume):
+            trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
+            with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
+                f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
+                                    "workers": workers, "start_step": trainer.state["step"]}) + "\n")
+            for event in trainer.iterate():
+                metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
+                value = plan.penalty if event.diverged else metrics[plan.metric]
+                push()  # the storage holds what Tune is told (a stop may come inside report, and nothing after it runs)
+                tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
+    if mirror is not None:  # ended (not stopped inside report): the storage holds the run, this node need not
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _measured_costs(plan: SearchPlan, recipe, search_dir: str) -> dict[str, float]:
+def _measured_costs(plan: SearchPlan, recipe, storage: Storage) -> dict[str, float]:
     """The measured costs the search's objectives name (tokens/s on this trial's device), as `cost_<name>`; measured
     once per model and cached in the search folder's costs/."""
     from blockforge.search.costs import MEASURED, measured_costs
@@ -175,6 +192,15 @@ def _measured_costs(plan: SearchPlan, recipe, search_dir: str) -> dict[str, floa
         return {}
     import torch
 
+    from blockforge.search.store import node_scratch
+    from blockforge.storage import Mirror
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    measured = measured_costs(recipe, Path(search_dir) / "costs", device)
+    folder = Path(storage.uri) / "costs" if storage.local else node_scratch(storage) / "costs"
+    mirror = None if storage.local else Mirror(storage, "costs", folder)
+    if mirror is not None:
+        mirror.pull(remove=False)
+    measured = measured_costs(recipe, folder, device)
+    if mirror is not None:
+        mirror.push()
     return {f"cost_{cost}": measured[cost] for cost in wanted}
