@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 # The main job: an alpha search on the built-in corpus, then the best depth-8 model exported.
 QUICKSTART_OUT ?= runs/search-quickstart
 quickstart: $(VENV)/.installed
-	$(BIN)/blockforge search searches/quickstart.yaml --out $(QUICKSTART_OUT) $(if $(wildcard $(QUICKSTART_OUT)/search.json),--resume)
+	$(BIN)/blockforge search searches/quickstart.yaml --out $(QUICKSTART_OUT) --resume=auto
 	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8 --force
 
 test: $(VENV)/.installed

@@ -77,12 +77,11 @@ def storage_failure(err: BaseException, storage: "Storage") -> tuple[str, str]:
                 "check the endpoint (AWS_ENDPOINT_URL or the URI's endpoint_override) and the network")
     if re.search(r"NO_SUCH_BUCKET|NoSuchBucket|bucket does not exist|The specified bucket", text):
         return (f"the bucket '{storage.bucket}' does not exist", f"create it, or give an --out in a bucket that exists")
+    if _credentials_found(storage.scheme) is False:  # whatever the service answers to a request no one signed
+        return (f"it failed, and no credentials were found ({first})",
+                "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) on the driver and on every node")
     if re.search(r"ACCESS_DENIED|AccessDenied|Access Denied|INVALID_ACCESS_KEY|InvalidAccessKeyId|SIGNATURE_DOES_NOT_MATCH|"
-                 r"SignatureDoesNotMatch|HTTP status (401|403|500)|Forbidden|PermissionDenied|Permission denied|Unauthorized", text):
-        found = _credentials_found(storage.scheme)
-        if found is False:
-            return ("access was refused and no credentials were found",
-                    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) on the driver and on every node")
+                 r"SignatureDoesNotMatch|HTTP status (401|403)|Forbidden|PermissionDenied|Permission denied|Unauthorized", text):
         return ("access was refused", "check that the credentials in the environment (on the driver and on every node) may read "
                                       "and write there")
     return first, "check the storage and its credentials"
@@ -104,7 +103,8 @@ class Storage:
         if scheme_of(text) is None:
             local = text[len("file://"):] if text.lower().startswith("file://") else text
             return Storage(str(Path(local).expanduser().resolve()))
-        storage = Storage(text.rstrip("/") if not text.endswith(":///") else text)
+        base, sep, query = text.partition("?")  # options pyarrow reads from the URI (s3://b/x?endpoint_override=host:port)
+        storage = Storage(base.rstrip("/") + sep + query)
         storage._resolved  # noqa: B018 - refused here, by name, rather than at the first write
         return storage
 
@@ -125,14 +125,17 @@ class Storage:
     @property
     def bucket(self) -> str:
         """The first part of a URI's path (a bucket, a container)."""
-        return _SCHEME.sub("", self.uri).split("/", 1)[0]
+        return _SCHEME.sub("", self.uri.partition("?")[0]).split("/", 1)[0]
 
     def __str__(self) -> str:
         return self.uri
 
     def child(self, rel: str) -> "Storage":
         """The storage of a folder inside this one."""
-        return Storage(str(Path(self.uri) / rel) if self.local else f"{self.uri}/{rel.strip('/')}")
+        if self.local:
+            return Storage(str(Path(self.uri) / rel))
+        base, sep, query = self.uri.partition("?")
+        return Storage(f"{base}/{rel.strip('/')}{sep}{query}")
 
     # ---- the filesystem -----------------------------------------------------------------------
 
@@ -291,7 +294,7 @@ class Storage:
         if self.local:
             return Path(self.uri)
         digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", PurePosixPath(_SCHEME.sub("", self.uri)).name or self.bucket)[:40]
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", PurePosixPath(_SCHEME.sub("", self.uri.partition("?")[0])).name or self.bucket)[:40]
         return cache_root() / "storage" / purpose / f"{name}-{digest}"
 
 
@@ -314,6 +317,7 @@ class Mirror:
     def __init__(self, storage: Storage, rel: str, local: Path, last: tuple[str, ...] = ()):
         self.storage, self.rel, self.local, self.last = storage, rel.strip("/"), Path(local), last
         self.pushed: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime) of the local file when put up
+        self.before_push: Callable[[], None] | None = None  # called before anything is put up (may raise to refuse it)
 
     def _remote(self, name: str) -> str:
         return f"{self.rel}/{name}" if self.rel else name
@@ -343,6 +347,8 @@ class Mirror:
 
     def push(self, keep: Keep = everything) -> list[str]:
         """Put up what changed here since the last push (files `keep` accepts); returns their names."""
+        if self.before_push is not None:
+            self.before_push()
         here = {}
         if self.local.is_dir():
             for path in self.local.rglob("*"):

@@ -13,7 +13,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="the search folder (default: runs/search-<name>): a local path, or a URI such as s3://bucket/prefix "
                                  "(any pyarrow or installed fsspec filesystem; credentials from the environment)")
     p.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port); default: start a local Ray")
-    p.add_argument("--resume", action="store_true", help="continue the search in --out")
+    p.add_argument("--resume", nargs="?", const=True, default=False, choices=[True, "auto"], metavar="auto", help="continue the search in --out; --resume=auto: continue it if --out holds one, else start it "
+                                        "(for jobs that may run again: a Slurm requeue, a restarted pod)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as resources allow)")
     p.add_argument("--plan", action="store_true", help="print the compute plan (parameters, FLOPs, worst-case trials) and stop: no Ray, no training")
     p.add_argument("--gpu", help="with --plan: a GPU type for GPU-hours and wall time (A100, H100, H200, L40S, B200, MI300X)")

@@ -478,19 +478,28 @@ def open_store(out: str | os.PathLike | None, default: str) -> SearchStore:
 
 
 def run_search(
-    path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool = False,
+    path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool | str = False,
     max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
 ) -> SearchOutcome:
     """Run (or resume) the search in `path`; returns the records and the printed summary.
 
-    `out`: the search folder, a local path or a URI (s3://bucket/prefix; blockforge.storage). Everything that can be
+    `out`: the search folder, a local path or a URI (s3://bucket/prefix; blockforge.storage). `resume`: True continues the
+    search there, "auto" continues it if there is one and starts it otherwise. Everything that can be
     checked before a trial starts is: the search file, the flags, the storage, each cell's memory plan (before Ray
     starts), and the trial's resources and memory against the cluster's nodes, and that every node sees a local
     search folder (once connected). A start that fails leaves no search.json behind, so the next plain run works.
     """
     if max_concurrent is not None and max_concurrent < 1:
         raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
+    if resume not in (True, False, "auto"):
+        raise BlockforgeError(f"--resume {resume}: give --resume (continue the search in --out) or --resume=auto (continue it if --out "
+                              "holds one, else start it)")
     storage = Storage.open(out) if out is not None else None  # a URI no filesystem here can open is refused by name now
+    if resume == "auto":  # a job that may run again (a Slurm requeue, a restarted pod) continues what it started
+        storage = storage or Storage.open(Path("runs") / f"search-{load_search(path, overrides).name}")
+        if not storage.local:
+            storage.check()
+        resume = SearchStore(storage).holds_search()
     # A resumed search reads its data where it was started (without --out, runs/ is relative to here anyway).
     started = stored_marker(SearchStore(storage)) if resume and storage is not None else None
     plan = load_search(path, overrides, workdir=started.get("workdir") if started else None)

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -193,6 +194,11 @@ def node_scratch(storage: Storage) -> Path:
 
 
 SCRATCH_LOCK = "trial.lock"
+ATTEMPT = "attempt.lock"  # in a remote run folder: which attempt of the trial may write it now
+
+
+class Superseded(Exception):
+    """A newer attempt of this trial writes its run folder now (this one outlived a driver that was stopped): it ends."""
 
 
 @contextlib.contextmanager
@@ -219,6 +225,14 @@ def trial_folder(storage: Storage, cell: str, identity: str) -> Iterator[tuple[P
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         mirror = Mirror(storage, rel, scratch, last=RUN_ORDER)
         mirror.pull()
+        token = uuid.uuid4().hex.encode()
+        storage.write_bytes(f"{rel}/{ATTEMPT}", token)  # from now on, an older attempt still running (a stopped driver's) writes nothing
+
+        def still_mine() -> None:
+            if storage.read_bytes(f"{rel}/{ATTEMPT}") != token:
+                raise Superseded(f"{storage}/{rel}: a newer attempt of this trial writes it now")
+
+        mirror.before_push = still_mine
         yield scratch, mirror
     finally:
         lock.release()

@@ -99,11 +99,15 @@ def _report_recorded_end(config: dict, plan: SearchPlan, storage: Storage) -> bo
 def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
     `search`: the search folder, a local path or a URI (blockforge.storage)."""
+    from blockforge.search.store import Superseded
+
     storage = Storage.open(search)
     try:
         if _report_recorded_end(config, plan, storage):
             return
         _train(config, plan, storage)
+    except Superseded:
+        return  # this attempt outlived its driver, and a resumed search runs the trial again: it leaves the run to that one
     except WriteError as err:
         _stop_search_for(err, plan.penalty)
     except OSError as err:  # a write outside the run's own checked writes

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import s3_server  # noqa: F401  (before any Ray starts: its endpoint and dummy credentials reach every Ray worker)
 from tiny_data import tiny_recipe
 
 def write_search(folder: Path, **changes) -> Path:
@@ -30,6 +31,14 @@ def write_search(folder: Path, **changes) -> Path:
     path = folder / "search.yaml"
     path.write_text(yaml.safe_dump(search))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The session's local S3-compatible server (s3_server.S3): `s3.bucket()` makes a bucket, `s3.proxy.cut()` takes it away."""
+    server = s3_server.S3()
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -71,25 +80,28 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
     return handed
 
 
-def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=None) -> list[dict]:
+def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=None, node: Path | None = None) -> list[dict]:
     """Run a CellSearcher and CellScheduler the way Tune does, one trial at a time, without Ray or training.
 
     Every trial handed out "trains" along `curve(config) -> {step: value}`: each evaluation is written to its
     run folder's metrics.jsonl and reported to the scheduler, which may stop it there (then it ends pruned);
     a value of None diverges there; otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
+    A search kept in an object storage (the searcher's store is remote) has its trials write in a folder of their
+    own node (`node`) and put the run folder up before each report, as trials do (search/trials.py).
     Returns the configs handed out."""
     import json
     import time
-    from pathlib import Path
 
     from ray.tune.search import Searcher
 
-    from blockforge.search.config import OBJECTIVE, trial_dir
+    from blockforge.search.config import OBJECTIVE, trial_dir, trial_rel
+    from blockforge.storage import Mirror
 
     class Trial:
         def __init__(self, trial_id, config):
             self.trial_id, self.config = trial_id, config
 
+    store = searcher.context.store
     handed, idle, i = [], 0, 0
     while i < limit:
         trial_id = f"c{i}"
@@ -103,7 +115,11 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
             continue
         i, idle = i + 1, 0
         handed.append(config)
-        run_dir = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"]))
+        if store.remote:
+            rel = trial_rel(config["cell"], config["identity"])
+            run_dir, mirror = node / rel, Mirror(store.storage, rel, node / rel)
+        else:
+            run_dir, mirror = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"])), None
         run_dir.mkdir(parents=True, exist_ok=True)
         result = {}
         for step, value in sorted(curve(config).items()):
@@ -114,6 +130,8 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
                 break
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "event": "eval", "val_loss": value}) + "\n")
+            if mirror is not None:
+                mirror.push()
             result = {OBJECTIVE: value, "val_loss": value, "step": step}
             searcher.on_trial_result(trial_id, result)
             if scheduler.on_trial_result(None, Trial(trial_id, config), result) == "STOP":

@@ -1,0 +1,48 @@
+"""The split-cluster harness (split_cluster.py) does what later tests rely on: a worker node that sees every folder
+but `hidden` as the driver does, a private `hidden` that dies with its node, env vars that reach its tasks, and a
+clean stop."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .split_cluster import SplitCluster
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
+def test_worker_node_sees_its_own_empty_hidden_folder_and_a_replacement_starts_empty(tmp_path):
+    # In a subprocess, so its Ray cluster does not meet the test session's Ray.
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_cluster_check.py")), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])  # Ray may print above it
+
+    first, again, second, third = report["first"], report["first_again"], report["second"], report["third"]
+    # The worker does not see what the driver wrote under `hidden`, but sees what it wrote outside it ...
+    assert first["hidden_files"] == [] and first["shared"] == "from the driver", first
+    assert first["mnt_ns"] != report["driver_mnt_ns"]
+    # ... and what the worker writes under `hidden` stays on its node, out of the driver's sight.
+    assert again["hidden_files"] == ["worker.txt"] and again["node_id"] == first["node_id"]
+    assert not report["driver_sees_worker_file"]
+    assert all(seen["env"] == "a=b c" for seen in (first, second, third))  # env reaches the worker's tasks
+
+    # Replaced mid-task: the old node is dead to the head, none of its processes survive, its task failed with it,
+    # and the new node starts with an empty `hidden`.
+    replaced = report["replaced"]
+    assert replaced["new_id_differs"] and replaced["old_alive"] is False, replaced
+    assert replaced["old_node_pids"] >= 3 and replaced["old_processes_left"] == {}, replaced
+    assert replaced["busy_task"] == "NodeDiedError", replaced
+    assert second["hidden_files"] == [] and second["node_id"] != first["node_id"], second
+
+    # Killed outright (SIGKILL, no goodbye), the node is still declared dead, and nothing of it is left.
+    killed = report["killed"]
+    assert killed["old_alive"] is False and killed["old_node_pids"] >= 3 and killed["old_processes_left"] == {}, killed
+    assert third["hidden_files"] == [] and report["alive_nodes"] == sorted([report["head_id"], third["node_id"]])
+
+    # After the with-block nothing of the cluster runs, and the driver's side of `hidden` was never touched.
+    assert report["left_running"] == [], report["left_running"]
+    assert report["hidden_on_disk"] == ["driver.txt"]
