@@ -76,7 +76,7 @@ def storage_failure(err: BaseException, storage: "Storage") -> tuple[str, str]:
         return (f"the storage cannot be reached{f' at {endpoint}' if endpoint else ''}",
                 "check the endpoint (AWS_ENDPOINT_URL or the URI's endpoint_override) and the network")
     if re.search(r"NO_SUCH_BUCKET|NoSuchBucket|bucket does not exist|The specified bucket", text):
-        return (f"the bucket '{storage.bucket}' does not exist", f"create it, or give an --out in a bucket that exists")
+        return (f"the bucket '{storage.bucket}' does not exist", "create it, or give an --out in a bucket that exists")
     if _credentials_found(storage.scheme) is False:  # whatever the service answers to a request no one signed
         return (f"it failed, and no credentials were found ({first})",
                 "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) on the driver and on every node")
@@ -324,7 +324,7 @@ class Mirror:
 
     def pull(self, keep: Keep = everything, remove: bool = True) -> list[str]:
         """Take down what changed in the storage (files `keep` accepts); returns their names."""
-        remote = {name: stat for name, stat in self.storage.listing(self.rel).items() if keep(name)}
+        remote = {name: stat for name, stat in self.storage.listing(self.rel).items() if keep(name) and not _temporary(name)}
         changed = []
         for name, (size, mtime) in sorted(remote.items()):
             target = self.local / name

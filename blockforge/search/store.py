@@ -225,6 +225,9 @@ def trial_folder(storage: Storage, cell: str, identity: str) -> Iterator[tuple[P
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         mirror = Mirror(storage, rel, scratch, last=RUN_ORDER)
         mirror.pull()
+        for folder in (scratch / "checkpoints").glob("step-*"):  # cut short while being put up (state.json goes last): not one
+            if not (folder / "state.json").exists():
+                shutil.rmtree(folder)
         token = uuid.uuid4().hex.encode()
         storage.write_bytes(f"{rel}/{ATTEMPT}", token)  # from now on, an older attempt still running (a stopped driver's) writes nothing
 

@@ -152,7 +152,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     from ray import tune
 
     from blockforge.search.store import trial_folder
-    from blockforge.train.checkpoint import latest_checkpoint
+    from blockforge.train.checkpoint import checkpoint_folders
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
@@ -171,7 +171,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
             tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
             return
-        resume = latest_checkpoint(run_dir) is not None
+        resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
         with data_parallel_peers(recipe, run_dir, workers, resume):
             trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
             with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)

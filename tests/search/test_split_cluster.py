@@ -46,3 +46,24 @@ def test_worker_node_sees_its_own_empty_hidden_folder_and_a_replacement_starts_e
     # After the with-block nothing of the cluster runs, and the driver's side of `hidden` was never touched.
     assert report["left_running"] == [], report["left_running"]
     assert report["hidden_on_disk"] == ["driver.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
+def test_a_search_on_nodes_that_share_no_disk_refuses_a_local_folder_and_in_object_storage_reports_as_a_local_one(tmp_path):
+    # A head node (the driver, 0 CPUs) and a worker node whose view of the search folder is a private tmpfs.
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_search_check.py")), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # A local --out the worker node does not see: refused before any trial, naming the node and the fix.
+    assert report["refused"] is not None and "cannot see this search folder" in report["refused"] and "s3://" in report["refused"]
+    assert report["left_in_refused_folder"] == []  # no search.json, no trials
+    # In object storage the search that prunes, confirms and transfers reports exactly what the local folder's does.
+    assert {"pruned", "completed"} <= set(report["statuses"]) and report["stages"] == ["confirm", "explore", "transfer"]
+    assert report["reports_equal"], report.get("differ")
+    # The worker node lost mid-trial: the trial is retried on the new node from the last checkpoint it put up.
+    assert report["replaced_at"] is not None and report["replaced_statuses"] == ["completed", "completed"]
+    first, again = report["attempts"]
+    assert first["start_step"] == 0 and again["start_step"] >= report["replaced_at"][1] > 0
+    assert again["node_id"] != first["node_id"]

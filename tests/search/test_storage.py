@@ -17,43 +17,7 @@ from blockforge.errors import BlockforgeError
 from blockforge.search.driver import run_search
 from blockforge.storage import Storage, StorageError, fetch_folder
 from .conftest import write_search
-
-REPORTS = ("summary.md", "results.csv", "alpha_law.json")
-
-
-def comparable(folder: Path, location: str) -> dict[str, object]:
-    """What a search's reports say, with what differs between two runs of it by nature left out: where the search is,
-    seconds (results.csv's wall_s, summary.md's trial-seconds) and throughput (TensorBoard's *_per_s)."""
-    out = {}
-    summary = (folder / "summary.md").read_text().replace(location, "SEARCH")
-    summary = summary.replace(" (Take the journal down first: optuna-dashboard reads a local file.)", "")
-    lines = []
-    for line in summary.splitlines():
-        if line.startswith("| ") and "trial-seconds" not in line and line.count("|") == 8:
-            line = line.rsplit("|", 2)[0]  # the trial-seconds column
-        lines.append(line)
-    out["summary.md"] = lines
-    rows = [line.split(",") for line in (folder / "results.csv").read_text().splitlines()]
-    wall = rows[0].index("wall_s")
-    out["results.csv"] = [row[:wall] + row[wall + 1:] for row in rows]
-    out["alpha_law.json"] = json.loads((folder / "alpha_law.json").read_text()) if (folder / "alpha_law.json").exists() else None
-    out["best"] = {p.name: p.read_text() for p in sorted((folder / "best").glob("*"))}
-    out["tensorboard"] = tensorboard_scalars(folder / "tensorboard")
-    return out
-
-
-def tensorboard_scalars(root: Path) -> dict:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    scalars = {}
-    for run in sorted(p for p in root.glob("*/*") if p.is_dir()):
-        events = EventAccumulator(str(run))
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            if not tag.endswith("_per_s"):
-                scalars[(run.relative_to(root).as_posix(), tag)] = [(e.step, e.value) for e in events.Scalars(tag)]
-    return scalars
-
+from report_compare import comparable
 
 def _search(tmp_path: Path, alphas: tuple = (0.0, 0.5)) -> Path:
     return write_search(tmp_path, cells={"model.depth": [3]}, trials_per_cell=len(alphas), scheduler=None, baselines=[], max_concurrent=1,
@@ -98,7 +62,6 @@ def test_decisions_and_reports_of_a_search_in_object_storage_equal_a_local_folde
     """Driven along the golden synthetic curves (no Ray, no training): trials that put their run folders up from a node
     folder of their own, and a driver that reads what it decides and reports from the storage, decide and report
     exactly what a search in a local folder does (exploration with ASHA, promotion, confirmation, transfer targets)."""
-    from blockforge.search.config import load_search
     from blockforge.search.ledger import Ledger
     from blockforge.search.report import write_reports
     from blockforge.search.scheduler import CellScheduler
@@ -284,3 +247,89 @@ def test_a_local_path_and_file_uri_are_the_same_folder(tmp_path):
     assert Storage.open(tmp_path / "x").local and not Storage.open("s3://b/x").local
     with pytest.raises(BlockforgeError):
         Storage.open("memory://x")
+
+
+@pytest.mark.slow
+def test_storage_that_disappears_mid_search_stops_it_as_a_full_disk_does_and_it_resumes(tmp_path, ray_session, s3, monkeypatch):
+    import threading
+
+    from blockforge.errors import WriteError
+
+    path = _search(tmp_path, alphas=(0.0, 0.5, 1.0))
+    uri = f"s3://{s3.bucket()}/search"
+    storage = Storage.open(uri)
+    cut = {}
+
+    def cut_mid_search():
+        try:
+            cut["at"] = _wait_for_a_checkpoint(storage, 240)
+        finally:
+            s3.proxy.cut()
+
+    watcher = threading.Thread(target=cut_mid_search)
+    watcher.start()
+    try:
+        with pytest.raises(WriteError) as stopped:
+            run_search(path, out=uri, progress_every_s=100)
+    finally:
+        watcher.join()
+        s3.proxy.restore()
+    said = str(stopped.value)
+    assert said.startswith(f"{uri}") and "cannot be reached" in said and "resume with: blockforge search" in said and "--resume" in said
+    assert "free space" not in said and "\n" not in said
+    finished = {n: storage.read_bytes(f"trials/{n}") for n in storage.listing("trials") if n.endswith("/result.json")}
+    assert finished  # the first trial had finished
+
+    outcome = run_search(path, out=uri, resume=True, progress_every_s=100)
+    assert sorted(r.status for r in outcome.records) == ["completed"] * 3
+    for name, data in finished.items():  # nothing finished is trained again
+        assert storage.read_bytes(f"trials/{name}") == data
+    run = cut["at"][0]
+    starts = [json.loads(line)["start_step"] for line in storage.read_bytes(f"trials/{run}/attempts.jsonl").decode().splitlines()]
+    assert starts[0] == 0 and starts[-1] > 0  # the trial in flight went on from a checkpoint it had put up
+
+
+def test_a_mirror_puts_pointers_after_what_they_name_removes_what_is_gone_and_leaves_temporaries_alone(tmp_path, s3, monkeypatch):
+    from blockforge.storage import Mirror
+
+    storage = Storage.open(s3.direct(s3.bucket(), "run"))
+    local = tmp_path / "run"
+    for name in ("result.json", "checkpoints/latest.json", "checkpoints/step-00000010/model.safetensors", "metrics.jsonl",
+                 "run.lock", ".metrics.jsonl.x1.tmp", "checkpoints/.partial-step-00000020/model.safetensors"):
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_text(name)
+    uploaded = []
+    monkeypatch.setattr(Storage, "upload", lambda self, path, rel, up=Storage.upload: (uploaded.append(rel), up(self, path, rel)))
+    mirror = Mirror(storage, "", local, last=("checkpoints/latest.json", "result.json"))
+    mirror.push()
+    assert uploaded == ["checkpoints/step-00000010/model.safetensors", "metrics.jsonl", "checkpoints/latest.json", "result.json"]
+    assert mirror.push() == []  # nothing changed since
+    (local / "checkpoints/step-00000010/model.safetensors").unlink()  # an old checkpoint pruned here goes there too
+    (local / "metrics.jsonl").write_text("longer now")
+    assert mirror.push() == ["metrics.jsonl"]
+    assert set(storage.listing()) == {"result.json", "checkpoints/latest.json", "metrics.jsonl"}
+    storage.write_bytes("attempt.lock", b"someone")  # a storage's own lease is neither taken down nor removed
+    elsewhere = Mirror(storage, "", tmp_path / "node")
+    assert sorted(elsewhere.pull()) == ["checkpoints/latest.json", "metrics.jsonl", "result.json"]
+    assert elsewhere.pull() == [] and (tmp_path / "node" / "metrics.jsonl").read_text() == "longer now"
+    elsewhere.push()
+    assert storage.read_bytes("attempt.lock") == b"someone"
+
+
+def test_a_trial_that_a_newer_attempt_replaced_writes_nothing_more(tmp_path, s3, monkeypatch):
+    from blockforge.search.store import Superseded, trial_folder
+
+    storage = Storage.open(s3.direct(s3.bucket(), "search"))
+    monkeypatch.setenv("BLOCKFORGE_CACHE", str(tmp_path / "node-a"))
+    with trial_folder(storage, "depth=2", "abc") as (old, old_mirror):
+        (old / "metrics.jsonl").write_text("1\n")
+        old_mirror.push()
+        monkeypatch.setenv("BLOCKFORGE_CACHE", str(tmp_path / "node-b"))  # the search resumed, the trial started again elsewhere
+        with trial_folder(storage, "depth=2", "abc") as (new, new_mirror):
+            assert (new / "metrics.jsonl").read_text() == "1\n" and new != old  # it starts from what the storage holds
+            (old / "metrics.jsonl").write_text("1\n2 from the old attempt\n")
+            with pytest.raises(Superseded):
+                old_mirror.push()
+            (new / "metrics.jsonl").write_text("1\n2\n")
+            new_mirror.push()
+    assert storage.read_bytes("trials/depth=2/abc/metrics.jsonl") == b"1\n2\n"
