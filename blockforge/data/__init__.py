@@ -12,7 +12,6 @@ heavy (datasets, transformers, torchvision) is imported until a dataset is built
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from blockforge.spec.data import DataConfig, TokenizerConfig
@@ -23,7 +22,9 @@ __all__ = ["DataConfig", "TokenizerConfig", "cache_dir", "dataset_for", "load_to
 
 def cache_dir() -> Path:
     """Where corpora, tokenizers and token arrays are cached (BLOCKFORGE_CACHE, else ~/.cache/blockforge)."""
-    return Path(os.environ.get("BLOCKFORGE_CACHE", Path.home() / ".cache" / "blockforge")).expanduser()
+    from blockforge.storage import cache_root
+
+    return cache_root()
 
 
 def dataset_for(recipe, *, run_dir: Path | None = None, seed: int | None = None):
