@@ -64,7 +64,8 @@ def vit(depth: int) -> dict:
     }
 
 
-CELLS = {"llama-d6": (llama, 6, 25), "llama-d12": (llama, 12, 25), "vit-d6": (vit, 6, 50)}  # template, depth, truth's eval_every
+CELLS = {"llama-d6": (llama, 6, 25), "llama-d12": (llama, 12, 25), "vit-d6": (vit, 6, 50),  # template, depth, truth's eval_every
+         "llama-d4": (llama, 4, 25), "llama-d8": (llama, 8, 25), "llama-d16": (llama, 16, 25)}
 
 
 def write(folder: Path, name: str, data: dict) -> Path:
