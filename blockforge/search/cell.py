@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
-from blockforge.search.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.ledger import APART, Ledger, StageName, TrialRecord
 from blockforge.search.store import SearchStore
 from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial
 from blockforge.train.events import Status
@@ -34,6 +34,7 @@ class SearchContext:
     predictions: object = None  # stages/predictions.Predictions: the transfer targets' (with transfer)
     cells: dict[str, "Cell"] = field(default_factory=dict)  # every cell of the search, proxies first, by name: the one index
     serial: int = 0  # numbers the sampler asks across cells
+    guidance: object = None  # stages/guidance.Guidance: the guided cells' windows (with guide)
     cost_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # architecture + micro batch -> computed costs
 
     _registered = {}
@@ -88,8 +89,10 @@ class Cell:
         self.orphans: dict[str, int] = {}  # identity -> number of a trial a stopped driver lost while it ran
         self.finalists: list[Finalist] = []  # confirmation's models, promoted ones included
         self.extra_seeds = 0  # further seeds its finalists have so far
+        self.dropped: dict[str, str] = {}  # model -> why it left confirmation's race (clearly behind the leader)
         self.promoted = {r.model: r.promoted for r in self.latest.values() if r.promoted}  # model -> why it was brought back
         self.finished = False
+        self.answered = False  # its answer is confirmed: exploration, confirmation, promotion and racing have nothing more
         self._evidence = None
         self._rungs = None  # rungs.RungTable, built when the scheduler first asks
 
@@ -122,8 +125,9 @@ class Cell:
             if opened is None:
                 return False  # waits (a transfer target, for its proxy cells)
             if opened:
+                self.answered = self.answered or not stage.answers
                 return bool(self.queue)
-        self.finished = True
+        self.finished = self.answered = True
         return False
 
     def next(self, trial_id: str) -> dict | None:
@@ -142,10 +146,11 @@ class Cell:
 
     # ---- trials -------------------------------------------------------------------------------------------
 
-    def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "") -> Trial:
+    def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "", continues: str = "") -> Trial:
         number = self.asked
         self.asked += 1
-        return Trial(self.name, number, stage, searched, self.plan.seed_overrides(self.name, searched, seed), seed, note=note, promoted=promoted)
+        return Trial(self.name, number, stage, searched, self.plan.seed_overrides(self.name, searched, seed), seed, note=note, promoted=promoted,
+                     continues=continues)
 
     def identify(self, trial: Trial) -> None:
         """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities, shape and costs."""
@@ -178,13 +183,14 @@ class Cell:
         self.context.live[trial_id] = trial
         self.running.add(trial_id)
         self.append(self.record(trial, Status.RUNNING))
-        # A cell that enumerates its distinct points trains each to the full budget: no early stopping there.
-        explore = self.stages[0]
-        return trial.config(early_stop=not (explore.on_demand and getattr(explore, "enumerated", None) is not None))
+        # A cell that enumerates its distinct points (or a guided one) trains each to the full budget: no early stopping there.
+        return trial.config(early_stop=not getattr(self.stages[0], "full_budget", False))
 
-    def enqueue(self, searched: dict, seed: int, *, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "") -> None:
-        """Queue model `searched` with `seed` unless that replicate already finished, runs or waits."""
-        trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted)
+    def enqueue(self, searched: dict, seed: int, *, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "",
+                continues: str = "") -> None:
+        """Queue model `searched` with `seed` unless that replicate already finished, runs or waits (`continues`: the run folder,
+        relative to the search, whose last checkpoint it starts from)."""
+        trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted, continues=continues)
         self.identify(trial)
         self.adopt_orphan(trial)
         outcome = self.done.get(trial.identity)
@@ -250,7 +256,7 @@ class Cell:
         if self._rungs is not None:
             if record.status == Status.FAILED:
                 self._rungs.forget(record.trial)
-            elif record.status == Status.COMPLETED and record.value is not None and record.run_dir:
+            elif record.status == Status.COMPLETED and record.value is not None and record.run_dir and record.stage not in APART:
                 from blockforge.search.rungs import Curve, curve_of
 
                 self.context.store.pull_run(record)  # its curve, as the trial put it up (a remote search's)

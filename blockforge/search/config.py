@@ -19,7 +19,7 @@ from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import Asha, Confirm, Resources, Sampler, SearchFile, Transfer
+from blockforge.spec.search import Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer
 from blockforge.spec.strict import canonical, parse, stable_hash
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
@@ -28,6 +28,7 @@ MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
 MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
 SEED_KEY = "train.seed"
 LR_KEY = "train.lr"
+STEPS_KEY = "train.steps"
 MARKER = "search.json"  # in a search folder: the search file, --set overrides and start directory it was started with
 OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
 
@@ -229,6 +230,8 @@ class SearchPlan:
     constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
     adjustments: list[str] = field(default_factory=list)  # what loading changed in the recipes, each a sentence the driver prints
     search_data: dict = field(default_factory=dict)  # the search file's data as read: search.json keeps it with base_data
+    guide: Guide | None = None  # law-guided cells (spec/search.py Guide)
+    order: list[str] = field(default_factory=list)  # with guide: the proxy cells in the order they run (the first guide the rest)
 
     def varied_keys(self) -> set[str]:
         """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
@@ -248,6 +251,19 @@ class SearchPlan:
     def cell_names(self) -> list[str]:
         """The searched (proxy) cells."""
         return [cell_name(c) for c in self.cells]
+
+    def guide_cells(self) -> list[str]:
+        """With guidance: the cells whose answers guide the others (the first `guide.after` in the order)."""
+        return self.order[: self.guide.after] if self.guide else []
+
+    def guided(self, name: str) -> bool:
+        """Whether cell `name` explores a window the law predicts (a proxy cell after the guiding ones)."""
+        return self.guide is not None and name in self.order[self.guide.after:]
+
+    def length_steps(self, name: str) -> list[int]:
+        """With confirm.length: the lengths (steps) the cell's winner and Pre-LN reference are continued to."""
+        length = self.confirm.length if self.confirm else None
+        return [round(f * self.settings[name].steps) for f in length.factors] if length else []
 
     def target_names(self) -> list[str]:
         """The transfer stage's target cells."""
@@ -666,7 +682,79 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
     )
+    _check_length(spec, plan, fail)
+    if spec.guide is not None:
+        plan.guide = spec.guide
+        plan.order = _guide_order(plan, spec, fail)
     from blockforge.search.costs import check_constraints
 
     check_constraints(plan)  # costs come from the spec: a constraint nothing meets is refused before anything runs
     return plan
+
+
+MAX_EPOCHS = 100  # a length that would pass over the local training data more often than this is refused
+
+
+def _check_length(spec: SearchFile, plan: SearchPlan, fail) -> None:
+    """confirm.length: whole steps at every factor, the steps not searched, and data that can serve the longest length."""
+    length = spec.confirm.length if spec.confirm else None
+    if length is None:
+        return
+    if STEPS_KEY in spec.space or STEPS_KEY in spec.cells:
+        where = "space" if STEPS_KEY in spec.space else "cells"
+        raise fail(f"continues finalists to multiples of the steps, and {STEPS_KEY} varies here already ({where}); drop one of them",
+                   "confirm.length")
+    for name, settings in plan.settings.items():
+        for i, factor in enumerate(length.factors):
+            steps = factor * settings.steps
+            if abs(steps - round(steps)) > 1e-9:
+                raise fail(f"{factor:g} x {settings.steps} steps (cell {name}) is {steps:g}, not a whole number of steps; choose a factor "
+                           f"that gives one", f"confirm.length.factors[{i}]")
+    recipe = plan.recipe(plan.trial_overrides(plan.cell(plan.cell_names()[0]), {}))
+    available = _local_text_bytes(recipe)
+    if available:
+        tokens = max(length.factors) * max(s.steps for s in plan.settings.values()) * recipe.train.batch_size * recipe.model.context
+        epochs = tokens * 2 / available  # at least 2 bytes a token: the fewest passes the data could need
+        if epochs > MAX_EPOCHS:
+            raise fail(f"the longest length, {max(length.factors):g} x the steps, needs about {tokens:.3g} training tokens: more than "
+                       f"{MAX_EPOCHS} passes over the {available:,} bytes of data.path; give more data or smaller factors",
+                       "confirm.length.factors")
+
+
+def _local_text_bytes(recipe: Recipe) -> int | None:
+    """The size of a local text corpus (None: a corpus whose size is not known before it is read)."""
+    if recipe.data.source != "text":
+        return None
+    from blockforge.data.corpus import expand_paths
+
+    try:
+        return sum(os.path.getsize(p) for p in expand_paths(recipe.data.path))
+    except (OSError, BlockforgeError):
+        return None
+
+
+def _guide_order(plan: SearchPlan, spec: SearchFile, fail) -> list[str]:
+    """The proxy cells in the order guidance runs them; what guidance needs of the search, checked."""
+    names = plan.cell_names()
+    guide = spec.guide
+    if len(names) <= guide.after:
+        raise fail(f"guides later cells by the first {guide.after} answered ones, and this search has {len(names)} cell(s); add cells "
+                   "(e.g. more depths) or drop guide", "guide.after")
+    if "model.depth" not in spec.cells:
+        raise fail("predicts each cell's alpha from a law over depth (and width), so cells must vary model.depth", "guide")
+    if not any(d.key == MIX_LN_ALPHA for d in plan.dimensions):
+        raise fail(f"narrows the Post-LN counts a cell explores, and {MIX_LN_ALPHA} is not searched here (space)", "guide")
+    others = [d.key for d in plan.dimensions if d.key != MIX_LN_ALPHA and d.kind not in DISCRETE]
+    if others:
+        raise fail(f"enumerates each window of k with every value of the other searched keys; {', '.join(others)} is a range: give "
+                   "it as choice or grid values", "guide")
+    if spec.confirm is None:
+        raise fail("is fitted to answered cells (a winner with the confirmation's seeds); add confirm: {top: 2, seeds: 2}", "guide")
+    if plan.costs:
+        raise fail("predicts one best k per cell, and a search with a cost axis answers with a front; drop one of them", "guide")
+    if guide.order == "file":
+        return names
+    from blockforge.search.plan import trial_flops
+
+    cost = {name: trial_flops(plan.recipe(plan.trial_overrides(plan.cell(name), {})))[2] for name in names}
+    return sorted(names, key=lambda name: (cost[name], names.index(name)))

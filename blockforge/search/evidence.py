@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.ledger import APART
 from blockforge.train.events import Status
 
 LEVEL = 0.95
@@ -176,8 +176,8 @@ def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:
     """Group a cell's trained, full-budget records by model; duplicates (no training of their own) are left out."""
     found: dict[str, Candidate] = {}
     for r in records:
-        if r.cell != cell or r.status not in (Status.COMPLETED, Status.DIVERGED) or r.stage == StageName.LR:
-            continue  # the learning-rate check's trials are compared apart (findings.LrCheck)
+        if r.cell != cell or r.status not in (Status.COMPLETED, Status.DIVERGED) or r.stage in APART:
+            continue  # the learning-rate and length checks' trials are compared apart (lr_check, length_check)
         model = r.model or r.identity or f"trial {r.trial}"  # ledgers from before replicates name no model
         c = found.setdefault(model, Candidate(model, dict(r.overrides), r.alpha, r.post_ln_layers, r.uniform_pre))
         c.costs.update(r.costs)

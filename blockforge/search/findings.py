@@ -31,6 +31,9 @@ class Findings:
     cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
     full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
     lr_checks: dict = field(default_factory=dict)  # cell -> lr_check.LrCheck (with confirm.lr)
+    windows: dict = field(default_factory=dict)  # guided cell -> law.LawWindow or None (with guide)
+    races: dict = field(default_factory=dict)  # cell -> model -> (leader, difference): finalists that left the race
+    lengths: dict = field(default_factory=dict)  # cell -> length_check.LengthCheck (with confirm.length)
 
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
@@ -64,6 +67,19 @@ class Findings:
             from blockforge.search.lr_check import lr_check
 
             found.lr_checks = {cell: lr_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
+        if plan.guide is not None:
+            from blockforge.search.stages.guidance import guide_windows
+
+            guides = set(plan.guide_cells())
+            found.windows = guide_windows(plan, [r for r in records if r.cell in guides])
+        if plan.confirm is not None:
+            from blockforge.search.stages.confirm import race_history
+
+            found.races = {cell: race_history(plan, evidence[cell], plan.settings[cell].base_seed) for cell in plan.cell_names()}
+            if plan.confirm.length is not None:
+                from blockforge.search.length_check import length_check
+
+                found.lengths = {cell: length_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
         found.cell_plans = {c.cell: c for c in search_plan(plan)}
         found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
         return found

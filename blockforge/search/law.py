@@ -268,3 +268,68 @@ def bootstrap_cells(plan: SearchPlan, evidence: dict[str, CellEvidence], points:
             {"alpha": alpha_range(c.alpha, p["depth"])[0], "alpha_range": list(alpha_range(c.alpha, p["depth"])),
              "values": [c.values[s] for s in seeds]} for c in options]})
     return cells
+
+
+@dataclass
+class LawWindow:
+    """The Post-LN counts the alpha laws predict for one cell, over seed resamples of the guiding cells."""
+
+    low: int  # 2.5 and 97.5 percentiles of the predicted k
+    high: int
+    laws: dict[str, float]  # law -> the share of resamples in which it had the lowest AICc (and so predicted)
+    cells: list[str]  # the guiding cells
+    resamples: int
+
+    def text(self, depth: int) -> str:
+        chosen = ", ".join(f"{name} {share:.0%}" for name, share in sorted(self.laws.items(), key=lambda kv: -kv[1]))
+        return (f"k {self.low}-{self.high} of {depth} (95% of {self.resamples} seed resamples of {', '.join(self.cells)}; the law with the "
+                f"lowest AICc in each: {chosen})")
+
+
+def law_window(cells: list[dict], depth: int, width: int | None, *, resamples: int = 1000, seed: int = 0) -> LawWindow | None:
+    """The range of k the laws predict at (`depth`, `width`): per seed resample of `cells` (bootstrap_laws' format), every
+    law is refitted to the re-chosen winners and the one with the lowest AICc predicts; the range is the middle 95% of
+    those predictions. None when no law can be compared by AICc (fewer than three cells)."""
+    cells = [c for c in cells if c["options"]]
+    if len(cells) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    memo: dict[tuple, tuple[str, int] | None] = {}
+    predicted, chosen = [], {}
+    for _ in range(resamples):
+        choice = []
+        for c in cells:
+            values = np.array([o["values"] for o in c["options"]], dtype=float)
+            columns = rng.integers(0, values.shape[1], values.shape[1])
+            means = values[:, columns].mean(axis=1)
+            choice.append(int(np.argmin(means) if c.get("mode", "min") == "min" else np.argmax(means)))
+        key = tuple(choice)
+        if key not in memo:
+            points = [dict(depth=c["depth"], width=c["width"], **{k: c["options"][i][k] for k in ("alpha", "alpha_range")})
+                      for c, i in zip(cells, choice)]
+            memo[key] = _lowest_aicc_prediction(points, depth, width or 256)
+        if memo[key] is None:
+            continue
+        name, k = memo[key]
+        predicted.append(k)
+        chosen[name] = chosen.get(name, 0) + 1
+    if not predicted:
+        return None
+    low, high = np.percentile(predicted, [2.5, 97.5])
+    return LawWindow(int(math.floor(low)), int(math.ceil(high)), {name: n / len(predicted) for name, n in chosen.items()},
+                     [c["cell"] for c in cells], resamples)
+
+
+def _lowest_aicc_prediction(points: list[dict], depth: int, width: float) -> tuple[str, int] | None:
+    usable, L, W, y, rss_floor = _prepare(points)
+    n = len(usable)
+    best = None
+    for name, (_, k, model, guess) in LAWS.items():
+        if not _applicable(name, k, n, L, W):
+            continue
+        params = _fit_one(model, guess, L, W, y)
+        aicc = _aicc(float(np.sum((model(params, L, W) - y) ** 2)), rss_floor, n, k)
+        if math.isfinite(aicc) and (best is None or aicc < best[0]):
+            alpha = float(model(params, np.array([float(depth)]), np.array([float(width)]))[0])
+            best = (aicc, name, mix_ln_count(min(1.0, max(0.0, alpha)), depth))
+    return None if best is None else (best[1], best[2])

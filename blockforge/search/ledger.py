@@ -29,7 +29,7 @@ COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers"
 
 class StageName(str, Enum):
     """The one stage vocabulary: ledger records, the searcher's stages, compute plans and reports. A trial record's
-    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr or transfer."""
+    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr, length or transfer."""
 
     EXPLORE = "explore"
     CONFIRM = "confirm"
@@ -37,9 +37,15 @@ class StageName(str, Enum):
     PROMOTION = "promotion"
     TRANSFER = "transfer"
     LR = "lr"  # a finalist or the Pre-LN reference at another learning rate (confirm.lr)
+    LENGTH = "length"  # the cell's pair continued to a longer training (confirm.length)
 
     def __str__(self) -> str:
         return self.value
+
+
+# Stages whose trials check an answer at other settings (another learning rate, a longer training): their records stay out
+# of the cell's main evidence, its rung tables and curves, and the samplers' studies.
+APART = frozenset({StageName.LR, StageName.LENGTH})
 
 
 @dataclass

@@ -107,6 +107,10 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
     table = text_table(["cell", "parameters", "non-embedding", "FLOPs/trial", *stages, "trials (at most)", "FLOPs (at most)"], rows,
                        "lrrr" + "r" * (len(stages) + 2))
     lines = [f"Compute plan of {plan.name} (worst case; FLOPs as in blockforge.search.plan):", table]
+    lines += guided_lines(plan, cells)
+    if plan.confirm is not None and plan.confirm.length is not None:
+        lines.append(f"length: the check's continuations counted in trials of the cell's own length (to {max(plan.confirm.length.factors):g}x the "
+                     "steps, each length continuing from the one before).")
     if gpu is not None:
         if gpu not in GPU_PEAKS:
             raise BlockforgeError(f"--gpu {gpu}: unknown; choose one of {', '.join(GPU_PEAKS)} (dense bf16 peaks from their datasheets)")
@@ -126,6 +130,22 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
                      f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(max(spread, chain))} of wall time "
                      f"(the GPU-hours spread over them: {_duration(spread)}; stages that follow one another: {_duration(chain)}, {longest}).")
     return "\n".join(lines)
+
+
+def guided_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
+    """With guidance: what the explore column counts in guided cells, and the worst case if every window grew to its cell's
+    whole range (the unguided worst case)."""
+    if plan.guide is None:
+        return []
+    from blockforge.search.stages.guidance import GuidedExplore
+
+    guided = [c for c in cells if plan.guided(c.cell)]
+    extra = {c.cell: GuidedExplore.unguided(plan, c.cell) - c.trials.get("explore", 0) for c in guided}
+    trials = sum(c.total_trials for c in cells) + sum(extra.values())
+    flops = sum(c.total_flops for c in cells) + sum(extra[c.cell] * c.trial_flops for c in guided)
+    return [f"guide: cells run in the order {', '.join(plan.order)}; the first {plan.guide.after} guide the others. A guided cell's explore "
+            f"column counts a window one k wide with {plan.guide.margin} more on each side (the guided worst case); if every window "
+            f"grew to its cell's whole range: {trials} trials, {flops:.3g} FLOPs (the unguided worst case)."]
 
 
 def critical_path(cells: list[CellPlan], trial_speed: float) -> tuple[float, str]:

@@ -427,7 +427,9 @@ def basis_section(found: Findings) -> list[str]:
         text = f"{cell}: measured at {train.steps} steps ({train.steps * per_step:,} {unit}), {lr}"
         longer = [f"{t} at {plan.settings[t].steps} steps: {outcome.outcome}" for t, outcome in found.outcomes.items()
                   if outcome.prediction.nearest == cell and plan.settings[t].steps != plan.settings[cell].steps]
-        text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it)")
+        own = found.lengths.get(cell)
+        longer += [f"{s.steps} steps: {s.outcome}" for s in own.steps] if own is not None else []
+        text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it, no confirm.length)")
         check = found.lr_checks.get(cell)
         if plan.confirm is not None and plan.confirm.lr is not None:
             text += "; lr check: " + (("lr-robust" if check.robust else "not lr-robust") + f" ({check.best_verdict} at each one's best lr)"
@@ -508,6 +510,9 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
               f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else "")
               if confirm else "no confirmation (one seed per model: no intervals)")
     details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
+    from blockforge.search.checks_report import checks_markdown
+
+    checks = checks_markdown(found)
     summary = f"""# Search {plan.name}
 
 Objective: {plan.mode} {plan.metric} after {budget_text(plan)}; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
@@ -535,6 +540,7 @@ which pairs cross (behind there, ahead at the end). A pruned trial that was behi
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
 {early_stopping_section(found)}
+{checks}
 {pareto_markdown}{transfer_markdown}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and

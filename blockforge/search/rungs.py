@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.ledger import APART, StageName, TrialRecord
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ def cell_curves(records: list, cell: str, metric: str) -> list[Curve]:
 
     out = []
     for r in records:
-        if r.cell == cell and r.status == Status.COMPLETED and r.value is not None and r.run_dir:
+        if r.cell == cell and r.status == Status.COMPLETED and r.value is not None and r.run_dir and r.stage not in APART:
             out.append(Curve(r.model or r.identity, r.seed, curve_of(r.run_dir, metric), r.value))
     return out
 
@@ -329,7 +329,7 @@ class RungTable:
             if record.stage == StageName.EXPLORE and record.run_dir and record.status not in (Status.DUPLICATE, Status.FAILED):
                 for step, value in sorted(curve_of(record.run_dir, metric).items()):
                     self.observe(record.trial, step, value)
-            if record.status == Status.COMPLETED and record.value is not None and record.run_dir:
+            if record.status == Status.COMPLETED and record.value is not None and record.run_dir and record.stage not in APART:
                 self.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, metric), record.value))
 
     def observe(self, number: int, step: int, value: float) -> None:

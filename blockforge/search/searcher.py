@@ -18,6 +18,7 @@ from blockforge.search.ledger import Ledger
 from blockforge.search.store import SearchStore
 from blockforge.search.stages.explore import FREE_ASKS_IN_A_ROW
 from blockforge.search.stages.pipeline import build_stages
+from blockforge.search.stages.guidance import Guidance
 from blockforge.search.stages.predictions import Predictions
 
 
@@ -35,6 +36,7 @@ class CellSearcher(Searcher):
         records = ledger.records() if from_ledger else []
         self.context = SearchContext(plan, store, ledger)
         self.context.predictions = Predictions(self.context)
+        self.context.guidance = Guidance(self.context)
         for index, name in enumerate(plan.all_names()):
             self.context.cells[name] = Cell(self.context, name, build_stages(self.context, name, index, records), records)
         self.turn = 0

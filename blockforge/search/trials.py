@@ -171,6 +171,8 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
             tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
             return
+        if config.get("continues") and not checkpoint_folders(run_dir):  # a longer training: it starts where its source ended
+            start_from(storage, config["continues"], run_dir)
         resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
         with data_parallel_peers(recipe, run_dir, workers, resume):
             trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
@@ -184,6 +186,26 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
                 tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
     if mirror is not None:  # ended (not stopped inside report): the storage holds the run, this node need not
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def start_from(storage: Storage, source: str, run_dir: Path) -> None:
+    """Put the newest whole checkpoint of run folder `source` (relative to the search) and its curve into `run_dir`, so the
+    run continues from there (search/length_check.py says how the schedule goes on)."""
+    from blockforge.errors import BlockforgeError
+    from blockforge.io import atomic_write_json
+
+    files = storage.listing(f"{source}/checkpoints")
+    whole = sorted({name.split("/")[0] for name in files if name.endswith("/state.json")})
+    if not whole:
+        raise BlockforgeError(f"{storage}/{source}: has no whole checkpoint to continue from; its run was lost (resume the search to "
+                              "train it again)")
+    newest = whole[-1]
+    for name in files:
+        if name.startswith(f"{newest}/"):
+            storage.download(f"{source}/checkpoints/{name}", run_dir / "checkpoints" / name)
+    if storage.exists(f"{source}/metrics.jsonl"):
+        storage.download(f"{source}/metrics.jsonl", run_dir / "metrics.jsonl")  # the curve so far; trimmed to the checkpoint on resume
+    atomic_write_json(run_dir / "checkpoints" / "latest.json", {"step": int(newest.removeprefix("step-")), "path": newest})
 
 
 def _measured_costs(plan: SearchPlan, recipe, storage: Storage) -> dict[str, float]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from blockforge.io import atomic_write_text
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.ledger import COLUMNS, StageName, TrialRecord
+from blockforge.search.ledger import APART, COLUMNS, TrialRecord
 from blockforge.train.events import Status
 
 OPTUNA_FILE = "optuna.journal"
@@ -74,7 +74,7 @@ def _frozen_trial(plan: SearchPlan, record: TrialRecord):
     learning-rate check's: a point outside the sampler's space)."""
     import optuna
 
-    if record.stage == StageName.LR:
+    if record.stage in APART:
         return None
     state = {Status.COMPLETED: optuna.trial.TrialState.COMPLETE, Status.DIVERGED: optuna.trial.TrialState.COMPLETE,
              Status.PRUNED: optuna.trial.TrialState.PRUNED, Status.FAILED: optuna.trial.TrialState.FAIL}.get(record.status)

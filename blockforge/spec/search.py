@@ -170,6 +170,49 @@ class LrGrid:
 
 
 @dataclass(kw_only=True)
+class LengthCheck:
+    """The cell's winner and Pre-LN reference continued from their checkpoints to `factors` times the steps, with the
+    confirmation's seeds, so the verdict is also given at longer training; `until_stable` stops once the verdicts at two
+    consecutive lengths agree."""
+
+    factors: list[float] = field(metadata={"help": "multiples of the steps, each above 1, e.g. [2, 4]"})
+    until_stable: bool = False
+
+    def check(self, path: str) -> None:
+        if not self.factors:
+            raise SpecError("lists no factor; give e.g. [2, 4] (twice and four times the steps)", path=f"{path}.factors")
+        for i, factor in enumerate(self.factors):
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 1:
+                raise SpecError(f"must be a number above 1 (a length beyond the search's), not {factor!r}", path=f"{path}.factors[{i}]")
+        if sorted(self.factors) != list(self.factors) or len(set(self.factors)) != len(self.factors):
+            raise SpecError(f"must rise, each factor once, e.g. [2, 4]; not {list(self.factors)}", path=f"{path}.factors")
+
+
+GUIDE_AFTER_MIN = 3  # why: see Guide
+
+
+@dataclass(kw_only=True)
+class Guide:
+    """Law-guided cells: cells run in an order (`order`: cheapest trial first, or as the file lists them); once the first
+    `after` are answered (confirmed), every later cell first explores only the Post-LN counts k the alpha laws, refitted
+    on resampled seeds of those cells, predict for it (their 95% range), `margin` more on each side, and Pre-LN; the window
+    grows while the cell's best explored k sits on its edge. At least three cells guide: with two, a one-parameter law
+    fits both exactly and leaves AICc no degree of freedom to choose among the laws (n - k - 1 = 0), so an interval from
+    them would be the choice of law, not the data's."""
+
+    after: int = 3
+    margin: int = 1
+    order: str = choice("cost", "file", default="cost")
+
+    def check(self, path: str) -> None:
+        if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < GUIDE_AFTER_MIN:
+            raise SpecError(f"must be a whole number of at least {GUIDE_AFTER_MIN}, not {self.after!r}: with fewer answered cells no "
+                            "law can be chosen by AICc (a one-parameter law fits two cells exactly)", path=f"{path}.after")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
+            raise SpecError(f"must be a whole number of Post-LN layers, 0 or more, not {self.margin!r}", path=f"{path}.margin")
+
+
+@dataclass(kw_only=True)
 class Confirm:
     """After a cell's exploration: its `top` best distinct models and its baselines, each trained to the full
     budget with `seeds` further training seeds; racing adds seeds to the two leaders (and the Pre-LN
@@ -180,6 +223,7 @@ class Confirm:
     seeds: int = 2
     max_seeds: int | None = None
     lr: LrGrid | None = None
+    length: LengthCheck | None = None
 
     def check(self, path: str) -> None:
         if self.top < 1:
@@ -226,6 +270,7 @@ class SearchFile:
     max_concurrent: int | None = None
     confirm: Confirm | None = None
     transfer: Transfer | None = None
+    guide: Guide | None = None
     # A cost axis: the quality metric first, then one or more costs; constraints keep candidates within cost bounds
     objectives: list[ObjectiveEntry] | None = None
     constraints: dict[str, Bound] = field(default_factory=dict)

@@ -49,11 +49,13 @@ class Trial:
     note: str = ""
     promoted: str = ""  # why it was brought back to the full budget (a promoted model's replicates)
     optuna_id: str | None = None  # an exploration trial: its id in the cell's sampler
+    continues: str = ""  # a run folder (relative to the search) whose last checkpoint it starts from (a longer training)
 
     def config(self, early_stop: bool) -> dict:
         """What Tune hands the trainable."""
         return {"cell": self.cell, "number": self.number, "identity": self.identity, "stage": self.stage.value,
-                "overrides": [list(o) for o in self.overrides], "early_stop": early_stop}
+                "overrides": [list(o) for o in self.overrides], "early_stop": early_stop,
+                **({"continues": self.continues} if self.continues else {})}
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Stage:
     name: StageName  # what the stage is; its trials' records say explore, confirm or transfer (Trial.stage)
     label: str | None = None  # how compute plans name its column (default: name's value)
     on_demand = False  # hands out trials when asked (exploration), rather than queueing them when opened
+    answers = True  # its trials decide the cell's answer; False: it tests an answer already given (lr, length, transfer)
 
     def active(self, cell: CellLike) -> bool:
         """An on-demand stage: whether it has a trial to hand out now."""

@@ -1,10 +1,12 @@
 """Confirmation: the cell's finalists trained to the full budget with further seeds, and racing among them.
 
 `Confirm` takes the `top` best distinct explored models (completed ones by value, then the pruned ones that got
-furthest), the baselines and the best Pre-LN model seen, and queues each with the confirmation's seeds; `Front`,
-for a search with a cost axis, takes up to 2 * top points of the explored front instead. Models an earlier driver
-promoted stay finalists. `Race` then gives the two leaders and the Pre-LN reference one more seed at a time while
-their paired interval includes zero, up to max_seeds. Their trials are recorded as the confirmation's.
+furthest), the baselines and the best Pre-LN model seen, and gives them the confirmation's seeds one round at a time
+(a seed each per round); `Front`, for a search with a cost axis, takes up to 2 * top points of the explored front
+instead. Models an earlier driver promoted stay finalists. From the second seed on, before each round, a finalist
+that is clearly behind the leader leaves the race (`race_drops`: a sequential paired t-test whose error over every
+look is bounded by Bonferroni). `Race` then gives the two leaders and the Pre-LN reference one more seed at a time
+while their paired interval includes zero, up to max_seeds. Their trials are recorded as the confirmation's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,54 @@ if TYPE_CHECKING:
     from blockforge.search.cell import Cell
 
 
+RACE_ERROR = 0.05  # the chance, over every look of a race, that a finalist no worse than the leader is dropped
+RACE_METHOD = (f"sequential paired t-test against the leader before each further seed, Bonferroni over the race's looks "
+               f"(family-wise error {RACE_ERROR:g})")
+
+
+def race_looks(plan: SearchPlan) -> int:
+    """How many times a cell's finalists are compared before a further seed: at 2, 3, ... up to all but the last seed."""
+    confirm = plan.confirm
+    return max(1, max(confirm.seeds, confirm.max_seeds or 0) - 1)
+
+
+def race_drops(in_race: list, seeds: list[int], plan: SearchPlan) -> dict[str, tuple[object, object]]:
+    """The finalists that leave the race now: model -> (the leader it is clearly behind, the difference to it).
+
+    `in_race`: candidates (evidence.Candidate) still racing, each with `seeds` done. The leader is the best mean over
+    them; a finalist leaves when its paired interval against the leader at level 1 - RACE_ERROR / race_looks excludes
+    zero on the losing side, so that looking again after every seed does not raise the chance of a wrong drop. The
+    Pre-LN reference never leaves: the verdict against it is the cell's claim, made on every confirmation seed."""
+    from blockforge.search.evidence import paired_difference
+
+    if len(seeds) < 2 or len(in_race) < 2:
+        return {}
+    sign = 1.0 if plan.mode == "min" else -1.0
+    on = lambda c: {s: c.values[s] for s in seeds if s in c.values}  # noqa: E731
+    leader = min(in_race, key=lambda c: sign * sum(on(c).values()) / max(1, len(on(c))))
+    level = 1.0 - RACE_ERROR / race_looks(plan)
+    drops = {}
+    for c in in_race:
+        if c is leader or c.uniform_pre:
+            continue
+        diff = paired_difference(on(c), on(leader), level=level)
+        if diff is not None and diff.low is not None and (diff.low > 0 if plan.mode == "min" else diff.high < 0):
+            drops[c.model] = (leader, diff)
+    return drops
+
+
+def race_history(plan: SearchPlan, evidence, base_seed: int) -> dict[str, tuple[object, object]]:
+    """The finalists that left a cell's race, replayed from its evidence as Confirm decided it: model -> (leader, difference)."""
+    in_race = [c for c in evidence.candidates if base_seed + 1 in c.values]  # every finalist has the first further seed
+    out = {}
+    for extra in range(1, plan.confirm.seeds):  # the looks before the 2nd, 3rd, ... further seed
+        seeds = list(range(base_seed, base_seed + extra + 1))
+        drops = race_drops([c for c in in_race if all(s in c.values for s in seeds)], seeds, plan)
+        out.update(drops)
+        in_race = [c for c in in_race if c.model not in drops]
+    return out
+
+
 class Confirm(Stage):
     name = StageName.CONFIRM
 
@@ -29,10 +79,22 @@ class Confirm(Stage):
         self.opened = False
 
     def open(self, cell: "Cell") -> bool:
-        if self.opened:
-            return False
-        self.opened = True
+        if not self.opened:
+            self.opened = True
+            self._choose(cell)
         confirm = self.plan.confirm
+        while cell.extra_seeds < confirm.seeds:  # one round: a further seed for every finalist still racing
+            self._drop_behind(cell)
+            cell.extra_seeds += 1
+            seed = cell.base_seed + cell.extra_seeds
+            for finalist in self.racing(cell):
+                for earlier in range(cell.base_seed, seed + 1):  # a promoted finalist catches up on the earlier seeds
+                    cell.enqueue(finalist.searched, earlier, note=finalist.note, promoted=finalist.promoted)
+            if cell.queue:
+                return True
+        return False
+
+    def _choose(self, cell: "Cell") -> None:
         finalists = self.finalists(cell, self.ranked(cell))
         unique: dict[str, Finalist] = {}
         for f in finalists:
@@ -42,12 +104,23 @@ class Confirm(Stage):
                 record = next(r for r in cell.records() if r.model == model and r.promoted)
                 unique[model] = Finalist(dict(record.overrides), model, record.uniform_pre, note=why, promoted=why)
         cell.finalists = list(unique.values())
-        seeds = [cell.base_seed + i for i in range(confirm.seeds + 1)]
-        cell.extra_seeds = confirm.seeds
-        for finalist in cell.finalists:
-            for seed in seeds:
-                cell.enqueue(finalist.searched, seed, note=finalist.note, promoted=finalist.promoted)
-        return bool(cell.queue)
+        cell.extra_seeds = 0
+
+    @staticmethod
+    def racing(cell: "Cell") -> list[Finalist]:
+        return [f for f in cell.finalists if f.model not in cell.dropped]
+
+    def _drop_behind(self, cell: "Cell") -> None:
+        """Before a further seed: the finalists clearly behind the leader on the seeds so far leave the race."""
+        from blockforge.search.evidence import describe
+
+        if cell.extra_seeds < 1:
+            return
+        by_model = {c.model: c for c in cell.evidence(1).candidates}
+        in_race = [by_model[f.model] for f in self.racing(cell) if f.model in by_model]
+        seeds = list(range(cell.base_seed, cell.base_seed + cell.extra_seeds + 1))
+        for model, (leader, diff) in race_drops(in_race, seeds, self.plan).items():
+            cell.dropped[model] = f"left the race after {diff.n} seeds: behind {describe(leader)} by {diff.text()}"
 
     def ranked(self, cell: "Cell") -> list[Outcome]:
         """The cell's explored models: completed ones best first, then pruned ones, furthest and best first."""
@@ -78,6 +151,10 @@ class Confirm(Stage):
     def _finalist(outcome: Outcome) -> Finalist:
         trial = outcome.trial
         return Finalist(trial.searched, trial.model, trial.uniform_pre)
+
+    @classmethod
+    def rounds(cls, plan: SearchPlan) -> int:
+        return plan.confirm.seeds
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
@@ -126,7 +203,7 @@ class Race(Stage):
             return False
         cell.extra_seeds += 1
         seed = cell.base_seed + cell.extra_seeds
-        racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None}
+        racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None and c.model not in cell.dropped}
         for candidate in racing.values():
             cell.enqueue(candidate.overrides, seed)
         return bool(cell.queue)

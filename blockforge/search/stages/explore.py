@@ -93,6 +93,11 @@ class Explore(Stage):
         trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values, params=params, distributions=self.sampler._space)
         self.sampler._ot_study.add_trial(trial)
 
+    @property
+    def full_budget(self) -> bool:
+        """Whether its trials run to the full budget (a cell that enumerates its distinct points stops nothing early)."""
+        return self.enumerated is not None
+
     def active(self, cell: "Cell") -> bool:
         if self.enumerated is not None and self.asks >= self.enumerated:
             return False  # every distinct point has been proposed
@@ -113,6 +118,11 @@ class Explore(Stage):
         cell.context.serial += 1
         optuna_id = f"{trial_id}-{cell.context.serial}"
         params = self.sampler.suggest(optuna_id) or {}
+        return self._run_point(cell, trial_id, params, optuna_id)
+
+    def _run_point(self, cell: "Cell", trial_id: str, params: dict, optuna_id: str | None = None) -> dict | None:
+        """The point `params` (sampler parameters) as a trial: a Tune config, or None when it needs no run (invalid, outside a
+        constraint, a duplicate of a trained one, or the twin of a running one)."""
         trial = cell.new_trial(self.plan.searched_values(cell.name, params), cell.base_seed, StageName.EXPLORE)
         trial.optuna_id = optuna_id
         try:
@@ -136,6 +146,8 @@ class Explore(Stage):
         return cell.launch(trial, trial_id)
 
     def tell(self, cell: "Cell", trial: Trial, status: str, value: float | None, costs: dict | None = None) -> None:
+        if trial.optuna_id is None:
+            return  # a point proposed without the sampler (guided exploration)
         if status in (Status.COMPLETED, Status.DIVERGED):
             result = {OBJECTIVE: value, **{c: (costs or {})[c] for c, _ in self.plan.costs}}
             self.sampler.on_trial_complete(trial.optuna_id, result=result)
@@ -143,7 +155,7 @@ class Explore(Stage):
             self.sampler.on_trial_complete(trial.optuna_id, result=None, error=status == Status.FAILED)
 
     def on_result(self, cell: "Cell", trial: Trial, result: dict) -> None:
-        if OBJECTIVE in result and "step" in result and not self.plan.costs:
+        if OBJECTIVE in result and "step" in result and not self.plan.costs and trial.optuna_id is not None:
             self.sampler.on_trial_result(trial.optuna_id, {OBJECTIVE: result[OBJECTIVE], "training_iteration": result.get("step", 0)})
 
     def on_complete(self, cell: "Cell", trial: Trial, outcome: Outcome) -> None:

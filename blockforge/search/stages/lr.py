@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class LrSweep(Stage):
     name = StageName.LR
+    answers = False
 
     def __init__(self, plan: SearchPlan):
         self.plan = plan

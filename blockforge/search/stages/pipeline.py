@@ -16,6 +16,8 @@ from blockforge.search.config import SearchPlan
 from blockforge.search.stages.base import Stage
 from blockforge.search.stages.confirm import Confirm, Front, Race
 from blockforge.search.stages.explore import Explore
+from blockforge.search.stages.guidance import GuidedExplore
+from blockforge.search.stages.length import Length
 from blockforge.search.stages.lr import LrSweep
 from blockforge.search.stages.promote import Promote
 from blockforge.search.stages.transfer import Transfer
@@ -26,12 +28,14 @@ if TYPE_CHECKING:
 When = Callable[[SearchPlan, str], bool]
 
 PROXY_STAGES: list[tuple[type[Stage], When]] = [
-    (Explore, lambda plan, name: True),
+    (Explore, lambda plan, name: not plan.guided(name)),
+    (GuidedExplore, lambda plan, name: plan.guided(name)),
     (Confirm, lambda plan, name: plan.confirm is not None and not plan.costs),
     (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
     (Promote, lambda plan, name: plan.asha is not None and plan.enumeration(name) is None),  # enumerated cells stop nothing early
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
     (LrSweep, lambda plan, name: plan.confirm is not None and plan.confirm.lr is not None),
+    (Length, lambda plan, name: plan.confirm is not None and plan.confirm.length is not None),
 ]
 TARGET_STAGES: list[tuple[type[Stage], When]] = [
     (Transfer, lambda plan, name: True),
@@ -49,7 +53,9 @@ def build_stages(context: "SearchContext", name: str, index: int, records: list,
     plan = context.plan
     stages = []
     for stage in stage_types(plan, name):
-        if stage is Explore:
+        if stage is GuidedExplore:
+            stages.append(GuidedExplore(plan, name, index, records, context.guidance))
+        elif stage is Explore:
             stages.append(Explore(plan, name, index, records))
         elif stage is Transfer:
             stages.append(Transfer(plan, context.predictions))
@@ -60,10 +66,18 @@ def build_stages(context: "SearchContext", name: str, index: int, records: list,
 
 def worst_case(plan: SearchPlan, name: str, as_proxy: bool = False) -> dict[str, int]:
     """Stage -> the most trials it may train in cell `name`: each stage's own count."""
-    explored = Explore.budget(plan, name)
-    return {stage.key(): stage.worst_case(plan, name, explored) for stage in stage_types(plan, name, as_proxy)}
+    types = stage_types(plan, name, as_proxy)
+    explored = _explored(plan, name, types)
+    return {stage.key(): stage.worst_case(plan, name, explored) for stage in types}
+
+
+def _explored(plan: SearchPlan, name: str, types: list[type[Stage]]) -> int:
+    """Exploration's worst case in cell `name`: its exploring stage's own, or a plain exploration's (a transfer target)."""
+    lead = types[0] if issubclass(types[0], Explore) else Explore
+    return lead.budget(plan, name)
 
 
 def rounds(plan: SearchPlan, name: str, as_proxy: bool = False) -> int:
     """Stages of cell `name` that wait for the one before, each at least one trial long (racing: one per round)."""
-    return sum(stage.rounds(plan) for stage in stage_types(plan, name, as_proxy) if stage.worst_case(plan, name, Explore.budget(plan, name)))
+    types = stage_types(plan, name, as_proxy)
+    return sum(stage.rounds(plan) for stage in types if stage.worst_case(plan, name, _explored(plan, name, types)))

@@ -28,6 +28,7 @@ def highest_k(plan: SearchPlan, depth: int) -> int:
 
 class Transfer(Stage):
     name = StageName.TRANSFER
+    answers = False
 
     def __init__(self, plan: SearchPlan, predictions: "Predictions"):
         self.plan = plan
