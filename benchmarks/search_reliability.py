@@ -19,6 +19,15 @@ fraction of the grid with seeds.
     python benchmarks/search_reliability.py --quick   # llama-d6 only, 3 seeds, one search: exits 1 if the search
                                                       # contradicts the ground truth or misses its tied-best set
                                                       # (make test-slow runs it; under 10 minutes on two cores)
+    python benchmarks/search_reliability.py --multi   # a grid of cells (llama depths 4, 6, 8, 12, 16): the search with
+                                                      # law-guided cells against the same search unguided, each repeated
+                                                      # with every truth seed as its base seed, replayed from the grid
+
+Multi-cell mode: the ground truth of every cell (every k, --seeds seeds, cached like any search folder) is computed
+once; then each search is driven the way Tune drives it (searcher, no Ray) with every trial's curve taken from the
+ground truth's run of the same k and seed, so a repeat costs seconds and both searches see exactly the same training.
+Per cell and repeat: the chosen k (in the tied-best set?), the verdict against the ground truth's, overclaims, and the
+compute (steps times FLOPs per step) as a share of the grid with all seeds; and the total across cells.
 
 Every search folder is kept, so an interrupted run resumes where it stopped.
 """
@@ -65,7 +74,7 @@ def vit(depth: int) -> dict:
 
 
 CELLS = {"llama-d6": (llama, 6, 25), "llama-d12": (llama, 12, 25), "vit-d6": (vit, 6, 50),  # template, depth, truth's eval_every
-         "llama-d4": (llama, 4, 25), "llama-d8": (llama, 8, 25), "llama-d16": (llama, 16, 25)}
+         "llama-d4": (llama, 4, 25), "llama-d8": (llama, 8, 25), "llama-d16": (llama, 16, 25), "llama-d24": (llama, 24, 25)}
 
 
 def write(folder: Path, name: str, data: dict) -> Path:
@@ -140,6 +149,105 @@ def plain_asha_at(truth: dict, rung: int, reduction_factor: float) -> dict:
     return {"rung": rung, "seeds": len(seeds), "best_stopped": stopped_best}
 
 
+MULTI = ["llama-d4", "llama-d6", "llama-d8", "llama-d12", "llama-d16", "llama-d24"]
+
+
+def multi_search(guided: bool, top: int, cells: list[str]) -> dict:
+    """The searched grid: quickstart's settings over every depth of MULTI, each cell enumerating its k (no ASHA: its rungs
+    cannot be trusted on these curves), confirming its best (`top`) and Pre-LN with 2 more seeds; with the first three cells
+    guiding."""
+    data = llama(4)
+    data.update(cells={"model.depth": [CELLS[c][1] for c in cells]}, trials_per_cell=13, scheduler=None, baselines=[{ALPHA: 0.0}],
+                confirm={"top": top, "seeds": 2})
+    if guided:
+        data["guide"] = {"after": 3}
+    return data
+
+
+def replay(path: Path, out: Path, truths: dict[int, dict], base: int, seeds: int):
+    """Drive the search in `path` along the ground truth: a trial of k Post-LN layers at depth L with seed s gets the curve
+    of the truth's run of that k at L with truth seed (s - base + rotation) mod seeds; returns (plan, records)."""
+    import shutil
+
+    from blockforge.search.config import load_search
+    from blockforge.search.ledger import Ledger
+    from blockforge.search.searcher import CellSearcher
+
+    sys_path = str(ROOT / "tests")
+    import sys
+
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from search.conftest import drive_curves  # noqa: E402  (the tests' driver: Tune's calls, one trial at a time)
+
+    class Fifo:
+        def on_trial_result(self, *args) -> str:
+            return "CONTINUE"
+
+    plan = load_search(path)
+    shutil.rmtree(out, ignore_errors=True)
+
+    def curve(config):
+        recipe = plan.recipe([tuple(p) for p in config["overrides"]])
+        truth = truths[recipe.spec.depth]
+        seed = (recipe.train.seed - plan.settings[config["cell"]].base_seed + base) % seeds
+        return dict(truth["curves"][recipe.spec.post_ln_count()][seed])
+
+    drive_curves(CellSearcher(plan, out), Fifo(), curve, limit=10000)
+    return plan, Ledger(out / "trials.jsonl").records()
+
+
+def multi(args) -> None:
+    from blockforge.search.plan import cell_plan
+
+    truths, grid_flops = {}, 0.0
+    cells = args.cells.split(",") if args.cells != ",".join(CELLS) else MULTI
+    for cell in cells:
+        make, depth, eval_every = CELLS[cell]
+        folder = Path(args.out) / cell
+        folder.mkdir(parents=True, exist_ok=True)
+        truths[depth] = ground_truth(folder, make(depth), depth, args.seeds, eval_every)
+    rows = []
+    for guided in (False, True):
+        name = "guided" if guided else "unguided"
+        path = write(Path(args.out), f"multi-{name}-top{args.top}-{len(cells)}", multi_search(guided, args.top, cells))
+        for base in range(args.seeds):
+            plan, records = replay(path, Path(args.out) / f"replay-{name}-top{args.top}-{len(cells)}-{base}", truths, base, args.seeds)
+            evidence = evidence_by_cell(plan, records)
+            for cell in plan.cell_names():
+                depth = plan.settings[cell].depth
+                truth = truths[depth]
+                per_step = cell_plan(plan, cell).trial_flops / plan.settings[cell].steps
+                spent = trained_steps([r for r in records if r.cell == cell]) * per_step
+                grid = len(truth["values"]) * args.seeds * plan.settings[cell].steps * per_step
+                e = evidence[cell]
+                chosen = e.winner.post_ln_layers
+                diff = e.vs_reference.mean if e.vs_reference else 0.0
+                truth_diff = truth["to_pre"].get(chosen, 0.0)
+                rows.append({"search": name, "base_seed": base, "cell": cell, "chosen_k": chosen, "tied_best": truth["tied_best"],
+                             "in_tied_best": chosen in truth["tied_best"], "verdict": e.verdict, "truth_verdict": truth["verdicts"][chosen],
+                             "contradicts": e.verdict in ("better", "worse") and diff * truth_diff < 0,
+                             "overclaims": e.verdict in ("better", "worse") and truth["verdicts"][chosen] == "tied",
+                             "explored_k": sorted({r.post_ln_layers for r in records if r.cell == cell and r.stage == "explore"
+                                                   and r.status == "completed"}),
+                             "flops": spent, "grid_flops": grid})
+    grid_flops = sum(r["grid_flops"] for r in rows if r["search"] == "unguided" and r["base_seed"] == 0)
+    print(f"\nmulti-cell reliability: {len(cells)} cells, ground truth every k x {args.seeds} seeds; each search repeated with every truth seed as base")
+    print("search    cell       chosen k (tied-best)        verdict (truth's)     overclaims  contradicts  compute / cell's grid")
+    for r in rows:
+        print(f"{r['search']:9s} {r['cell']:10s} {str(r['chosen_k']) + ' ' + str(r['tied_best']):26s} {r['verdict'] + ' (' + r['truth_verdict'] + ')':21s} "
+              f"{str(r['overclaims']):11s} {str(r['contradicts']):12s} {r['flops'] / r['grid_flops']:.0%}  explored {r['explored_k']}")
+    for name in ("unguided", "guided"):
+        mine = [r for r in rows if r["search"] == name]
+        repeats = args.seeds
+        total = sum(r["flops"] for r in mine) / repeats
+        print(f"{name}: chosen k in the tied-best set {sum(r['in_tied_best'] for r in mine)}/{len(mine)}, contradictions "
+              f"{sum(r['contradicts'] for r in mine)}, overclaims {sum(r['overclaims'] for r in mine)}; compute {total / grid_flops:.1%} of the "
+              f"{args.seeds}-seed grid in total (mean over {repeats} repeats; per cell: "
+              + ", ".join(f"{c} {statistics.mean(r['flops'] / r['grid_flops'] for r in mine if r['cell'] == c):.0%}" for c in dict.fromkeys(r['cell'] for r in mine)) + ")")
+    (Path(args.out) / "multi.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", default=",".join(CELLS))
@@ -148,7 +256,12 @@ def main() -> None:
     parser.add_argument("--truth-only", action="store_true")
     parser.add_argument("--out", default="runs/bench-reliability")
     parser.add_argument("--quick", action="store_true", help="one known-answer cell (llama-d6), 3 seeds, one search; exit 1 when it fails")
+    parser.add_argument("--multi", action="store_true", help="the multi-cell grid: guided against unguided, replayed from the ground truth")
+    parser.add_argument("--top", type=int, default=2, help="--multi: the finalists each cell confirms (confirm.top)")
     args = parser.parse_args()
+    if args.multi:
+        multi(args)
+        return
     if args.quick:
         args.cells, args.seeds, args.repeats = "llama-d6", 3, 1
     report = {}

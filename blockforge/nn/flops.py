@@ -55,3 +55,15 @@ def model_costs(model: nn.Module) -> ModelCosts:
     attention = sum(block.attn.branch.heads * block.attn.branch.head_dim for block in model.layers)
     forward = 2 * sequence * block_weights + 4 * sequence * sequence * attention + outside
     return ModelCosts(total, total - embedding, sequence, forward)
+
+
+def trial_flops(recipe) -> tuple[int, int, float]:
+    """(parameters, non-embedding parameters, FLOPs of one training run) of `recipe`, from its model on the meta device:
+    steps * batch_size * 3 * F  +  evaluations * eval_batches * micro_batch * F, with F one sample's forward FLOPs."""
+    from blockforge.nn.build import build_model
+
+    costs = model_costs(build_model(recipe.spec, device="meta"))
+    cfg = recipe.train
+    evaluations = max(1, cfg.steps // cfg.eval_every) if cfg.eval_every else 1
+    flops = cfg.steps * cfg.batch_size * costs.train_flops + evaluations * cfg.eval_batches * cfg.micro_batch * costs.forward_flops
+    return costs.parameters, costs.non_embedding, float(flops)

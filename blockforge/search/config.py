@@ -754,7 +754,7 @@ def _guide_order(plan: SearchPlan, spec: SearchFile, fail) -> list[str]:
         raise fail("predicts one best k per cell, and a search with a cost axis answers with a front; drop one of them", "guide")
     if guide.order == "file":
         return names
-    from blockforge.search.plan import trial_flops
+    from blockforge.nn.flops import trial_flops
 
     cost = {name: trial_flops(plan.recipe(plan.trial_overrides(plan.cell(name), {})))[2] for name in names}
     return sorted(names, key=lambda name: (cost[name], names.index(name)))

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from blockforge.errors import BlockforgeError
+from blockforge.nn.flops import trial_flops
 from blockforge.search.config import SearchPlan
 from blockforge.tables import text_table
 
@@ -58,18 +59,6 @@ class CellPlan:
     @property
     def total_flops(self) -> float:
         return self.total_trials * self.trial_flops
-
-
-def trial_flops(recipe) -> tuple[int, int, float]:
-    """(parameters, non-embedding parameters, FLOPs of one trial) of `recipe`, from its model on the meta device."""
-    from blockforge.nn.build import build_model
-    from blockforge.nn.flops import model_costs
-
-    costs = model_costs(build_model(recipe.spec, device="meta"))
-    cfg = recipe.train
-    evaluations = max(1, cfg.steps // cfg.eval_every) if cfg.eval_every else 1
-    flops = cfg.steps * cfg.batch_size * costs.train_flops + evaluations * cfg.eval_batches * cfg.micro_batch * costs.forward_flops
-    return costs.parameters, costs.non_embedding, float(flops)
 
 
 def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:

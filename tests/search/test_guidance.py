@@ -215,3 +215,26 @@ def test_the_plan_counts_the_length_check(tmp_path, capsys):
     row = next(line for line in out.splitlines() if line.startswith("depth=8"))
     assert "length" in header.split() and row.split()[header.split().index("length")] == str(2 * 3 * 3)  # 3 new lengths' worth of steps
     assert "continuations counted in trials of the cell's own length" in out
+
+
+@pytest.mark.slow
+def test_a_trained_guided_search_continues_its_pair_to_longer_training_from_their_checkpoints(tmp_path, ray_session):
+    import json
+
+    from blockforge.search.driver import run_search
+
+    path = write_search(tmp_path, cells={"model.depth": [2, 3, 4, 6]}, space={ALPHA: {"uniform": [0.0, 0.5]}}, trials_per_cell=4,
+                        baselines=[{ALPHA: 0.0}], scheduler=None, max_concurrent=1, guide={"after": 3},
+                        confirm={"top": 2, "seeds": 1, "length": {"factors": [2], "until_stable": False}},
+                        overrides={"train.steps": 20, "train.eval_every": 10, "train.checkpoint_every": 10})
+    outcome = run_search(path, out=tmp_path / "out", progress_every_s=100)
+    records = outcome.records
+    assert {r.status for r in records} <= {"completed", "duplicate"}
+    longer = [r for r in records if r.stage == "length" and r.status == "completed"]
+    assert {r.steps for r in longer} == {40} and len(longer) == 4 * 2 * 2  # every cell, the pair, two seeds
+    for r in longer:  # each continued from the checkpoint its 20-step run ended at
+        attempts = [json.loads(line) for line in (tmp_path / "out" / r.run_dir.split("/out/")[1] / "attempts.jsonl").read_text().splitlines()]
+        assert attempts[0]["start_step"] == 20
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Law-guided cells" in summary and "- depth=6: the law predicted" in summary
+    assert "## Verdicts at longer training" in summary and "40 steps:" in summary
