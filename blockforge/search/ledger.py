@@ -78,13 +78,27 @@ FIELDS = {f.name for f in fields(TrialRecord)}
 LEGACY_PROMOTED = "promoted:"  # ledgers written before `promoted` was a field kept the reason as the note's start
 
 
+# What a record's fields must hold to be one (a line of any other JSON, or a field of another type, is not a record).
+_KINDS = {"cell": str, "trial": int, "status": str, "stage": str, "seed": int, "model": str, "identity": str, "overrides": dict,
+          "steps": int, "metric": str, "metrics": dict, "costs": dict, "run_dir": str, "note": str, "promoted": str, "seq": int,
+          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None))}
+
+
 def parse_record(line: str) -> TrialRecord | None:
-    """A ledger line as a record; None for a blank line or one cut short by a kill."""
+    """A ledger line as a record; None for a blank line, one cut short by a kill, or one that is not a record (another JSON
+    value, a field of the wrong type, a status or stage no search writes)."""
     try:
         data = json.loads(line)
-        record = TrialRecord(**{k: v for k, v in data.items() if k in FIELDS})
-    except (ValueError, TypeError):
+    except ValueError:
         return None
+    if not isinstance(data, dict) or not {"cell", "trial", "status"} <= set(data):
+        return None
+    for key, kind in _KINDS.items():
+        if key in data and (not isinstance(data[key], kind) or (isinstance(data[key], bool) and kind is int)):
+            return None
+    if data["status"] not in {str(s) for s in Status} or data.get("stage", StageName.EXPLORE.value) not in {s.value for s in StageName}:
+        return None
+    record = TrialRecord(**{k: v for k, v in data.items() if k in FIELDS})
     if "promoted" not in data and isinstance(record.note, str) and record.note.startswith(LEGACY_PROMOTED):
         record.promoted = record.note  # an old ledger: its promotion, as the field says it now
     return record

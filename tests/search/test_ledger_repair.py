@@ -152,3 +152,20 @@ def test_a_cut_line_loses_nothing_in_a_front_or_a_transfer_target(tmp_path, kind
         assert answer[1]["depth=4"][0] and sum(cell == "depth=4" for cell, *_ in answer[2]) >= 6  # a front, and every explored point finished
     else:
         assert sum(cell == plan.target_names()[0] for cell, *_ in answer[2]) == 4  # the target's 2 candidates x 2 seeds
+
+
+@pytest.mark.parametrize("line", ["null", "42", '"text"', "[1, 2]", "{}", '{"cell": "depth=4", "trial": "1", "status": "completed"}',
+                                  '{"cell": "depth=4", "trial": 1, "status": "completed", "seq": "two"}',
+                                  '{"cell": ["depth=4"], "trial": 1, "status": "completed"}',
+                                  '{"cell": "depth=4", "trial": 1, "status": "won"}'])
+@pytest.mark.parametrize("copy", ["trials.jsonl", "trials.backup.jsonl"])
+def test_a_line_of_any_json_that_is_not_a_record_in_either_copy_is_repaired_without_a_traceback(stopped, line, copy):
+    plan, folder = stopped
+    clean = folder.parent / "clean"
+    shutil.copytree(folder, clean)
+    path = folder / copy
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + line + "\n" + "".join(lines[2:]))
+    said = repair_ledger(folder, plan.metric, "RESUME")
+    assert copy == "trials.backup.jsonl" or "line(s) 3 were not records" in said  # the main copy's damage is said; the backup's is read past
+    assert resumed_answer(plan, folder) == resumed_answer(plan, clean)

@@ -175,16 +175,18 @@ class GuidedExplore(Explore):
     def budget(plan: SearchPlan, name: str) -> int:
         """The guided worst case: the baselines and Pre-LN, and a window one k wide with its margins, with every value of the
         other searched keys (a window the laws predict wider, or one that grows, trains more; see `unguided`)."""
-        others = [d for d in plan.dimensions_in(name) if d.name != MIX_LN_COUNT]
-        combos = 1
-        for d in others:
-            combos *= len(d.values())
-        return len(plan.baselines) + 1 + (1 + 2 * plan.guide.margin) * combos
+        return len(plan.baselines) + 1 + (1 + 2 * plan.guide.margin) * _combinations(plan, name, but=MIX_LN_COUNT)
 
     @staticmethod
     def unguided(plan: SearchPlan, name: str) -> int:
-        """The cell's worst case if its window grows to its whole range: every distinct point."""
-        combos = 1
-        for d in plan.dimensions_in(name):
-            combos *= len(d.values())
-        return combos + len(plan.baselines)
+        """The cell's worst case if its window grows to its whole range: every distinct point, and the baselines."""
+        return _combinations(plan, name) + len(plan.baselines)
+
+
+def _combinations(plan: SearchPlan, name: str, but: str | None = None) -> int:
+    """How many points cell `name`'s searched keys (all discrete here), less `but`, make together."""
+    count = 1
+    for d in plan.dimensions_in(name):
+        if d.name != but:
+            count *= len(d.values())
+    return count
