@@ -169,3 +169,33 @@ def test_a_line_of_any_json_that_is_not_a_record_in_either_copy_is_repaired_with
     said = repair_ledger(folder, plan.metric, "RESUME")
     assert copy == "trials.backup.jsonl" or "line(s) 3 were not records" in said  # the main copy's damage is said; the backup's is read past
     assert resumed_answer(plan, folder) == resumed_answer(plan, clean)
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_copied_or_moved_search_resumes_where_it_stopped(tmp_path, stopped, finished):
+    plan, folder = stopped
+    if finished:
+        drive_curves(CellSearcher(plan, str(folder), from_ledger=True), NoScheduler(), curve)
+    reference = tmp_path / "reference"
+    shutil.copytree(folder, reference)
+    moved = tmp_path / "elsewhere" / "renamed"
+    shutil.copytree(folder, moved)
+    shutil.rmtree(folder)  # moved, not copied: nothing may be read from where it was
+    assert repair_ledger(moved, plan.metric, "RESUME") is None  # records name run folders relative to the search: nothing to repair
+    assert all(r.run_dir.startswith(str(moved)) for r in Ledger(moved / "trials.jsonl").records() if r.run_dir)
+    searcher = CellSearcher(plan, str(moved), from_ledger=True)
+    handed = drive_curves(searcher, NoScheduler(), curve)
+    assert (handed == []) is finished  # a finished search trains nothing; an unfinished one goes on
+    assert resumed_answer(plan, moved) == resumed_answer(plan, reference) and not folder.exists()
+
+
+def test_an_old_ledger_naming_run_folders_by_absolute_paths_is_read_at_the_folder_and_rewritten_once(tmp_path, stopped):
+    plan, folder = stopped
+    for name in ("trials.jsonl", "trials.backup.jsonl"):  # as ledgers were written before: where the search was then
+        path = folder / name
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "run_dir": f"/somewhere/old/{r['run_dir']}" if r["run_dir"] else ""}) + "\n" for r in lines))
+    said = repair_ledger(folder, plan.metric, "RESUME")
+    assert "now name them relative to the search folder" in said
+    assert all(not json.loads(line)["run_dir"].startswith("/") for line in (folder / "trials.jsonl").read_text().splitlines())
+    assert repair_ledger(folder, plan.metric, "RESUME") is None  # rewritten once
