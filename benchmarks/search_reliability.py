@@ -152,7 +152,7 @@ def plain_asha_at(truth: dict, rung: int, reduction_factor: float) -> dict:
 MULTI = ["llama-d4", "llama-d6", "llama-d8", "llama-d12", "llama-d16", "llama-d24"]
 
 
-def multi_search(guided: bool, top: int, cells: list[str]) -> dict:
+def multi_search(guided: bool, top: int, cells: list[str], after: int = 3) -> dict:
     """The searched grid: quickstart's settings over every depth of MULTI, each cell enumerating its k (no ASHA: its rungs
     cannot be trusted on these curves), confirming its best (`top`) and Pre-LN with 2 more seeds; with the first three cells
     guiding."""
@@ -160,7 +160,7 @@ def multi_search(guided: bool, top: int, cells: list[str]) -> dict:
     data.update(cells={"model.depth": [CELLS[c][1] for c in cells]}, trials_per_cell=13, scheduler=None, baselines=[{ALPHA: 0.0}],
                 confirm={"top": top, "seeds": 2})
     if guided:
-        data["guide"] = {"after": 3}
+        data["guide"] = {"after": after}
     return data
 
 

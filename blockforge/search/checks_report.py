@@ -103,10 +103,10 @@ def checks_markdown(found: Findings) -> str:
     parts = []
     guided = guidance_lines(found)
     if guided:
-        parts.append("## Law-guided cells\n\nCells ran in the order " + ", ".join(found.plan.order) + f"; the first {found.plan.guide.after} guided the "
-                     "others, which explored only the k the alpha laws predicted for them (refitted on seed resamples of the guiding cells), "
-                     "and grew the window while their best k sat on its edge. The prior chose what was explored; each cell's own seeds "
-                     "decided its answer.\n\n" + "\n".join("- " + line for line in guided) + "\n")
+        parts.append("## Law-guided cells\n\nCells ran in the order " + ", ".join(found.plan.order) + f"; after the first {found.plan.guide.after}, "
+                     "each explored only the k the alpha laws predicted for it (refitted on seed resamples of every cell before it), and grew "
+                     "the window while its best k sat on an edge. The prior chose what was explored; each cell's own seeds decided its "
+                     "answer.\n\n" + "\n".join("- " + line for line in guided) + "\n")
     raced = race_lines(found)
     if found.races:
         stays = "; the Pre-LN reference always stays" if found.plan.against_pre_ln else ""

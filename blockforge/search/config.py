@@ -256,6 +256,10 @@ class SearchPlan:
         """With guidance: the cells whose answers guide the others (the first `guide.after` in the order)."""
         return self.order[: self.guide.after] if self.guide else []
 
+    def before(self, name: str) -> list[str]:
+        """With guidance: the cells before `name` in the order (what a guided cell learns from)."""
+        return self.order[: self.order.index(name)] if self.guide and name in self.order else []
+
     def guided(self, name: str) -> bool:
         """Whether cell `name` explores a window the law predicts (a proxy cell after the guiding ones)."""
         return self.guide is not None and name in self.order[self.guide.after:]

@@ -31,7 +31,7 @@ class Findings:
     cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
     full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
     lr_checks: dict = field(default_factory=dict)  # cell -> lr_check.LrCheck (with confirm.lr)
-    windows: dict = field(default_factory=dict)  # guided cell -> law.LawWindow or None (with guide)
+    windows: dict = field(default_factory=dict)  # guided cell -> law.LawWindow or None (with guide), from the cells before it
     races: dict = field(default_factory=dict)  # cell -> model -> (leader, difference): finalists that left the race
     lengths: dict = field(default_factory=dict)  # cell -> length_check.LengthCheck (with confirm.length)
 
@@ -68,10 +68,9 @@ class Findings:
 
             found.lr_checks = {cell: lr_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
         if plan.guide is not None:
-            from blockforge.search.stages.guidance import guide_windows
+            from blockforge.search.stages.guidance import guide_window
 
-            guides = set(plan.guide_cells())
-            found.windows = guide_windows(plan, [r for r in records if r.cell in guides])
+            found.windows = {cell: guide_window(plan, cell, records) for cell in plan.cell_names() if plan.guided(cell)}
         if plan.confirm is not None:
             from blockforge.search.stages.confirm import race_history
 

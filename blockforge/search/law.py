@@ -288,13 +288,14 @@ class LawWindow:
 
 def law_window(cells: list[dict], depth: int, width: int | None, *, resamples: int = 1000, seed: int = 0) -> LawWindow | None:
     """The range of k the laws predict at (`depth`, `width`): per seed resample of `cells` (bootstrap_laws' format), every
-    law is refitted to the re-chosen winners and the one with the lowest AICc predicts; the range is the middle 95% of
-    those predictions. None when no law can be compared by AICc (fewer than three cells)."""
+    law is refitted to the re-chosen winners, and every law within 2 AICc of the best predicts (from two cells, where AICc
+    cannot choose because a one-parameter law fits two points exactly, every one-parameter law). The range is the middle
+    95% of the predictions. None below two cells."""
     cells = [c for c in cells if c["options"]]
-    if len(cells) < 3:
+    if len(cells) < 2:
         return None
     rng = np.random.default_rng(seed)
-    memo: dict[tuple, tuple[str, int] | None] = {}
+    memo: dict[tuple, list[tuple[str, int]]] = {}
     predicted, chosen = [], {}
     for _ in range(resamples):
         choice = []
@@ -307,12 +308,10 @@ def law_window(cells: list[dict], depth: int, width: int | None, *, resamples: i
         if key not in memo:
             points = [dict(depth=c["depth"], width=c["width"], **{k: c["options"][i][k] for k in ("alpha", "alpha_range")})
                       for c, i in zip(cells, choice)]
-            memo[key] = _lowest_aicc_prediction(points, depth, width or 256)
-        if memo[key] is None:
-            continue
-        name, k = memo[key]
-        predicted.append(k)
-        chosen[name] = chosen.get(name, 0) + 1
+            memo[key] = _predictions(points, depth, width or 256)
+        for name, k in memo[key]:
+            predicted.append(k)
+            chosen[name] = chosen.get(name, 0) + 1
     if not predicted:
         return None
     low, high = np.percentile(predicted, [2.5, 97.5])
@@ -320,16 +319,21 @@ def law_window(cells: list[dict], depth: int, width: int | None, *, resamples: i
                      [c["cell"] for c in cells], resamples)
 
 
-def _lowest_aicc_prediction(points: list[dict], depth: int, width: float) -> tuple[str, int] | None:
+def _predictions(points: list[dict], depth: int, width: float) -> list[tuple[str, int]]:
+    """(law, predicted k) of every law the data cannot set apart from the best: those within 2 AICc of the lowest (the
+    lead this module asks of a law that "fits best"), or, when no AICc is finite (two points), every one-parameter law."""
     usable, L, W, y, rss_floor = _prepare(points)
     n = len(usable)
-    best = None
+    fitted = []
     for name, (_, k, model, guess) in LAWS.items():
-        if not _applicable(name, k, n, L, W):
+        if not _applicable(name, k, n, L, W) or (n - k - 1 <= 0 and k > 1):
             continue
         params = _fit_one(model, guess, L, W, y)
         aicc = _aicc(float(np.sum((model(params, L, W) - y) ** 2)), rss_floor, n, k)
-        if math.isfinite(aicc) and (best is None or aicc < best[0]):
-            alpha = float(model(params, np.array([float(depth)]), np.array([float(width)]))[0])
-            best = (aicc, name, mix_ln_count(min(1.0, max(0.0, alpha)), depth))
-    return None if best is None else (best[1], best[2])
+        alpha = float(model(params, np.array([float(depth)]), np.array([float(width)]))[0])
+        fitted.append((aicc, name, mix_ln_count(min(1.0, max(0.0, alpha)), depth)))
+    finite = [f for f in fitted if math.isfinite(f[0])]
+    if finite:
+        lowest = min(f[0] for f in finite)
+        return [(name, k) for aicc, name, k in finite if aicc - lowest < 2.0]
+    return [(name, k) for _, name, k in fitted]

@@ -50,6 +50,7 @@ class CellPlan:
     trial_flops: float
     trials: dict[str, int]  # stage -> worst-case trials
     target: bool = False  # a transfer target
+    guided: bool = False  # waits for every cell before it in a guided search's order
     rounds: int = 0  # stages of this cell that wait for the one before, each at least one trial long (racing: per round)
 
     @property
@@ -76,7 +77,7 @@ def cell_plan(plan: SearchPlan, name: str, as_proxy: bool = False) -> CellPlan:
     parameters, non_embedding, flops = max(sizes, key=lambda s: s[2])
     target = name in plan.target_names() and not as_proxy
     return CellPlan(name, parameters, non_embedding, flops, worst_case(plan, name, as_proxy), target=target,
-                    rounds=rounds(plan, name, as_proxy))
+                    guided=plan.guided(name) and not as_proxy, rounds=rounds(plan, name, as_proxy))
 
 
 def search_plan(plan: SearchPlan) -> list[CellPlan]:
@@ -132,17 +133,22 @@ def guided_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
     extra = {c.cell: GuidedExplore.unguided(plan, c.cell) - c.trials.get("explore", 0) for c in guided}
     trials = sum(c.total_trials for c in cells) + sum(extra.values())
     flops = sum(c.total_flops for c in cells) + sum(extra[c.cell] * c.trial_flops for c in guided)
-    return [f"guide: cells run in the order {', '.join(plan.order)}; the first {plan.guide.after} guide the others. A guided cell's explore "
-            f"column counts a window one k wide with {plan.guide.margin} more on each side (the guided worst case); if every window "
-            f"grew to its cell's whole range: {trials} trials, {flops:.3g} FLOPs (the unguided worst case)."]
+    return [f"guide: cells run in the order {', '.join(plan.order)}: the first {plan.guide.after} at once, then each after the cells "
+            f"before it, guided by them. A guided cell's explore column counts a window one k wide with {plan.guide.margin} more on "
+            f"each side (the guided worst case); if every window grew to its cell's whole range: {trials} trials, {flops:.3g} FLOPs "
+            "(the unguided worst case)."]
 
 
 def critical_path(cells: list[CellPlan], trial_speed: float) -> tuple[float, str]:
     """(seconds, what) of the longest chain of stages that wait for each other, at `trial_speed` FLOP/s per trial:
     a proxy cell's stages one after another; a transfer target's trials after the slowest proxy cell."""
-    proxies = [(c.rounds * c.trial_flops / trial_speed, c.cell) for c in cells if not c.target]
+    proxies = [(c.rounds * c.trial_flops / trial_speed, c.cell) for c in cells if not c.target and not c.guided]
+    guided = [(c.rounds * c.trial_flops / trial_speed, c.cell) for c in cells if c.guided]  # one after another, after the rest
+    if guided:
+        first = max(proxies, default=(0.0, ""))
+        proxies = [(first[0] + sum(t for t, _ in guided), f"{first[1]}'s stages then each guided cell's ({', '.join(c for _, c in guided)})")]
     slowest = max(proxies, default=(0.0, ""))
-    chains = [(t, f"{cell}'s stages") for t, cell in proxies]
+    chains = [(t, f"{cell}'s stages") if "then" not in cell else (t, cell) for t, cell in proxies]
     chains += [(slowest[0] + c.trial_flops / trial_speed, f"{slowest[1]}'s stages then target {c.cell}") for c in cells if c.target]
     return max(chains, default=(0.0, "no stage"))
 

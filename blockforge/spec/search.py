@@ -188,7 +188,7 @@ class LengthCheck:
             raise SpecError(f"must rise, each factor once, e.g. [2, 4]; not {list(self.factors)}", path=f"{path}.factors")
 
 
-GUIDE_AFTER_MIN = 3  # why: see Guide
+GUIDE_AFTER_MIN = 2  # why: see Guide
 
 
 @dataclass(kw_only=True)
@@ -196,9 +196,11 @@ class Guide:
     """Law-guided cells: cells run in an order (`order`: cheapest trial first, or as the file lists them); once the first
     `after` are answered (confirmed), every later cell first explores only the Post-LN counts k the alpha laws, refitted
     on resampled seeds of those cells, predict for it (their 95% range), `margin` more on each side, and Pre-LN; the window
-    grows while the cell's best explored k sits on its edge. At least three cells guide: with two, a one-parameter law
-    fits both exactly and leaves AICc no degree of freedom to choose among the laws (n - k - 1 = 0), so an interval from
-    them would be the choice of law, not the data's."""
+    grows while the cell's best explored k sits on its edge. Two cells are enough for an interval: a one-parameter law
+    fits two points exactly, so AICc cannot choose among the laws (n - k - 1 = 0) and each one-parameter law predicts,
+    the window spanning their disagreement; from three cells on, the law with the lowest AICc predicts in each resample.
+    One cell cannot tell how alpha moves with depth at all. Three is the default: on the known-answer grid of
+    benchmarks/search_reliability.py --multi, windows from two cells were wide enough to cost more than they saved."""
 
     after: int = 3
     margin: int = 1
@@ -206,8 +208,8 @@ class Guide:
 
     def check(self, path: str) -> None:
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < GUIDE_AFTER_MIN:
-            raise SpecError(f"must be a whole number of at least {GUIDE_AFTER_MIN}, not {self.after!r}: with fewer answered cells no "
-                            "law can be chosen by AICc (a one-parameter law fits two cells exactly)", path=f"{path}.after")
+            raise SpecError(f"must be a whole number of at least {GUIDE_AFTER_MIN}, not {self.after!r}: one answered cell cannot say "
+                            "how alpha moves with depth", path=f"{path}.after")
         if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
             raise SpecError(f"must be a whole number of Post-LN layers, 0 or more, not {self.margin!r}", path=f"{path}.margin")
 

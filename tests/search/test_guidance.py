@@ -66,10 +66,11 @@ def test_later_cells_explore_the_window_the_law_predicts_and_answer_with_their_o
     assert guided.order == ["depth=4", "depth=6", "depth=8", "depth=12", "depth=16"]  # cheapest trial first
     _, handed_u, records_u = drive(unguided, tmp_path / "u" / "s", law_curves(unguided))
     searcher, handed_g, records_g = drive(guided, tmp_path / "g" / "s", law_curves(guided))
-    # The guiding cells explore every k; the guided ones the predicted k (round(0.2 L)) with one on each side, and Pre-LN.
+    # The first three explore every k; each later one the k the laws fitted to the cells before it predict (every law within
+    # 2 AICc of the best), one more on each side, and Pre-LN.
     for cell in guided.guide_cells():
         assert explored(records_g, cell) == explored(records_u, cell)
-    assert explored(records_g, "depth=12") == [0, 1, 2, 3] and explored(records_g, "depth=16") == [0, 2, 3, 4]
+    assert explored(records_g, "depth=12") == [0, 1, 2, 3] and explored(records_g, "depth=16") == [0, 1, 2, 3, 4]
     assert len(handed_g) < len(handed_u)
     evidence_u, evidence_g = evidence_by_cell(unguided, records_u), evidence_by_cell(guided, records_g)
     for cell in guided.cell_names():  # the same answers, from each cell's own seeds
@@ -77,15 +78,15 @@ def test_later_cells_explore_the_window_the_law_predicts_and_answer_with_their_o
         assert evidence_g[cell].winner.n == 3
     summary = (write_reports(tmp_path / "g" / "s", guided, Ledger(tmp_path / "g" / "s" / "trials.jsonl")), (tmp_path / "g" / "s" / "summary.md").read_text())[1]
     line = next(line for line in summary.splitlines() if line.startswith("- depth=16: the law predicted"))
-    assert "k 3-3 of 16" in line and "never trained: 1, 5, 6, 7, 8" in line and "the window did not grow" in line
-    assert "seed resamples of depth=4, depth=6, depth=8" in line
+    assert "k 2-3 of 16" in line and "never trained: 5, 6, 7, 8" in line and "the window did not grow" in line
+    assert "seed resamples of depth=4, depth=6, depth=8, depth=12" in line  # every cell before it
 
 
 def test_a_cell_that_breaks_the_law_is_found_by_the_window_growing(tmp_path):
     plan = grid(tmp_path, guide={"after": 3})
     breaks = lambda depth: 7 if depth == 16 else round(0.2 * depth)  # noqa: E731
     searcher, _, records = drive(plan, tmp_path / "s", law_curves(plan, breaks))
-    assert explored(records, "depth=16") == [0, 2, 3, 4, 5, 6, 7, 8]  # predicted 3: grew from the window's edge to 7, and one past it
+    assert explored(records, "depth=16") == list(range(9))  # predicted 2-3: grew from the window's edge to 7, and one past it
     assert evidence_by_cell(plan, records)["depth=16"].winner.post_ln_layers == 7
     write_reports(tmp_path / "s", plan, Ledger(tmp_path / "s" / "trials.jsonl"))
     assert "the window grew to k 5, 6, 7, 8" in (tmp_path / "s" / "summary.md").read_text()
@@ -110,12 +111,12 @@ def test_the_plan_gives_the_guided_and_the_unguided_worst_case(tmp_path, capsys)
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("depth=16"))
     assert row.split()[4] == "5"  # explore: Pre-LN, the baseline, and a window of one k with one on each side (it is Pre-LN too)
-    assert "the first 3 guide the others" in out and "if every window grew to its cell's whole range" in out
+    assert "the first 3 at once, then each after the cells before it" in out and "if every window grew to its cell's whole range" in out
 
 
 @pytest.mark.parametrize("change,needle", [
     ({"cells": {"model.depth": [4, 6, 8]}, "guide": {"after": 3}}, "guide.after: guides later cells by the first 3 answered ones, and this search has 3"),
-    ({"guide": {"after": 2}}, "guide.after: must be a whole number of at least 3"),
+    ({"guide": {"after": 1}}, "guide.after: must be a whole number of at least 2"),
     ({"guide": {"after": 3, "margin": -1}}, "guide.margin"),
     ({"guide": {"after": 3}, "space": {ALPHA: {"uniform": [0.0, 0.5]}, "train.lr": {"loguniform": [1e-3, 1e-2]}},
       "baselines": [{ALPHA: 0.0, "train.lr": 3e-3}]}, "train.lr is a range"),

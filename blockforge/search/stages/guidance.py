@@ -1,10 +1,10 @@
 """Law-guided exploration: a cell after the guiding ones explores the Post-LN counts the alpha laws predict for it.
 
-`Guidance` (one per search) waits until the guiding cells (plan.guide_cells(): the first `guide.after` cells in the
-plan's order) are answered, then, in a background job (a law bootstrap never runs inside Tune's `suggest`), gives each
-guided cell its window: the middle 95% of the k that the alpha laws predict for it, refitted on seed resamples of the
-guiding cells' confirmed candidates (law.law_window). Every guided cell gets its window from the same guiding cells,
-so what a cell explores does not depend on which cell finished first.
+Cells run in the plan's order (plan.order: cheapest trial first). The first `guide.after` are searched in full and
+at once; each later cell waits until every cell before it is answered, and `Guidance` then gives it, in a background
+job (a law bootstrap never runs inside Tune's `suggest`), its window: the middle 95% of the k that the alpha laws,
+refitted on seed resamples of the confirmed candidates of every cell before it, predict for it (law.law_window). A cell
+learns from all the cells that finished before it, and which cells those are depends only on the order.
 
 `GuidedExplore` trains a guided cell's baselines and Pre-LN at once, waits for the window, then trains every k in it
 (nearest its middle first) with every value of the other searched keys, `guide.margin` more on each side; then, while
@@ -29,53 +29,49 @@ if TYPE_CHECKING:
     from blockforge.search.law import LawWindow
 
 
-def guide_windows(plan: SearchPlan, records: list) -> dict[str, "LawWindow | None"]:
-    """Each guided cell's window, from the guiding cells' records (the same computation for the search and its reports)."""
+def guide_window(plan: SearchPlan, name: str, records: list) -> "LawWindow | None":
+    """Guided cell `name`'s window, from the records of every cell before it in the plan's order (the same computation for
+    the search and its reports)."""
     from blockforge.search.evidence import evidence_by_cell
     from blockforge.search.law import bootstrap_cells, law_points, law_window
 
-    evidence = evidence_by_cell(plan, records)
-    guides = plan.guide_cells()
-    points = [p for p in law_points(plan, evidence) if p["cell"] in guides]
-    cells = bootstrap_cells(plan, evidence, points)
-    out = {}
-    for name in plan.cell_names():
-        if plan.guided(name):
-            recipe = plan.recipe(plan.trial_overrides(plan.cell(name), {}))
-            out[name] = law_window(cells, recipe.model.depth, recipe.model.width)
-    return out
+    before = set(plan.before(name))
+    evidence = evidence_by_cell(plan, [r for r in records if r.cell in before])
+    points = [p for p in law_points(plan, evidence) if p["cell"] in before]
+    recipe = plan.recipe(plan.trial_overrides(plan.cell(name), {}))
+    return law_window(bootstrap_cells(plan, evidence, points), recipe.model.depth, recipe.model.width)
 
 
 class Guidance:
-    """The guided cells' windows, computed once in the background when the guiding cells are answered."""
+    """Each guided cell's window, computed in the background once every cell before it in the order is answered."""
 
     def __init__(self, context: "SearchContext"):
         self.context = context
-        self.windows: dict | None = None
+        self.windows: dict[str, object] = {}
         self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: dict[str, threading.Thread] = {}
 
     def __getstate__(self) -> dict:  # Tune pickles the searcher: a running job is started again after a restore
-        return {"context": self.context, "windows": self.windows, "error": None, "_thread": None}
+        return {"context": self.context, "windows": dict(self.windows), "error": None, "_threads": {}}
 
-    def ready(self) -> bool:
-        """Whether the windows are there; starts their job once the guiding cells are answered (a failure is raised here)."""
-        if self.windows is None and self._thread is None:
-            cells = self.context.cells
-            if not all(cells[name].answered for name in self.context.plan.guide_cells()):
+    def ready(self, name: str) -> bool:
+        """Whether cell `name`'s window is there; starts its job once the cells before it are answered (a failure is raised here)."""
+        if name not in self.windows and name not in self._threads:
+            cells, plan = self.context.cells, self.context.plan
+            if not all(cells[before].answered for before in plan.before(name)):
                 return False
-            records = [r for name in self.context.plan.guide_cells() for r in cells[name].records()]
-            self._thread = threading.Thread(target=self._compute, args=(records,), name="guidance", daemon=True)
-            self._thread.start()
-        if self.windows is None and self._thread is not None:
-            self._thread.join(timeout=0)
+            records = [r for before in plan.before(name) for r in cells[before].records()]
+            self._threads[name] = threading.Thread(target=self._compute, args=(name, records), name=f"guidance-{name}", daemon=True)
+            self._threads[name].start()
+        if name not in self.windows and name in self._threads:
+            self._threads[name].join(timeout=0)
         if self.error is not None:
             raise self.error
-        return self.windows is not None
+        return name in self.windows
 
-    def _compute(self, records: list) -> None:
+    def _compute(self, name: str, records: list) -> None:
         try:
-            self.windows = guide_windows(self.context.plan, records)
+            self.windows[name] = guide_window(self.context.plan, name, records)
         except BaseException as err:  # handed to the searcher's thread by ready()
             self.error = err
 
@@ -115,7 +111,7 @@ class GuidedExplore(Explore):
             self.pending += [p for p in self._points(k) if p not in self.tried and p not in self.pending]
 
     def _open_window(self, cell: "Cell") -> None:
-        window = self.guidance.windows.get(cell.name)
+        window = self.guidance.windows[cell.name]
         margin = self.plan.guide.margin
         low, high = (window.low, window.high) if window is not None else (self.lowest, self.highest)  # no law: the whole range
         self.predicted = (low, high)
@@ -149,7 +145,7 @@ class GuidedExplore(Explore):
         if self.pending:
             return True
         if self.window is None:
-            if not self.guidance.ready():
+            if not self.guidance.ready(cell.name):
                 return False
             self._open_window(cell)
             return bool(self.pending) or self.active(cell)
