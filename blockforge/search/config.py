@@ -696,37 +696,45 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
     return plan
 
 
-MAX_EPOCHS = 100  # a length that would pass over the local training data more often than this is refused
+MAX_EPOCHS = 100  # a run that would pass over its training data more often than this is refused before anything trains
+BUILTIN_BYTES = 2_000_000  # the built-in corpus (the standard library's documentation) is about 2.1 MB on every Python
 
 
 def _check_length(spec: SearchFile, plan: SearchPlan, fail) -> None:
-    """confirm.length: whole steps at every factor, the steps not searched, and data that can serve the longest length."""
+    """The lengths a search trains, checked before anything trains: confirm.length's factors give whole steps and the steps
+    are not searched; and no cell, transfer target or continuation trains so long that it passes over its training data
+    more than MAX_EPOCHS times (a bound of the data, estimated generously from its size at 2 bytes a token)."""
     length = spec.confirm.length if spec.confirm else None
-    if length is None:
-        return
-    if STEPS_KEY in spec.space or STEPS_KEY in spec.cells:
-        where = "space" if STEPS_KEY in spec.space else "cells"
-        raise fail(f"continues finalists to multiples of the steps, and {STEPS_KEY} varies here already ({where}); drop one of them",
-                   "confirm.length")
-    for name, settings in plan.settings.items():
-        for i, factor in enumerate(length.factors):
-            steps = factor * settings.steps
-            if abs(steps - round(steps)) > 1e-9:
-                raise fail(f"{factor:g} x {settings.steps} steps (cell {name}) is {steps:g}, not a whole number of steps; choose a factor "
-                           f"that gives one", f"confirm.length.factors[{i}]")
-    recipe = plan.recipe(plan.trial_overrides(plan.cell(plan.cell_names()[0]), {}))
-    available = _local_text_bytes(recipe)
-    if available:
-        tokens = max(length.factors) * max(s.steps for s in plan.settings.values()) * recipe.train.batch_size * recipe.model.context
-        epochs = tokens * 2 / available  # at least 2 bytes a token: the fewest passes the data could need
-        if epochs > MAX_EPOCHS:
-            raise fail(f"the longest length, {max(length.factors):g} x the steps, needs about {tokens:.3g} training tokens: more than "
-                       f"{MAX_EPOCHS} passes over the {available:,} bytes of data.path; give more data or smaller factors",
-                       "confirm.length.factors")
+    if length is not None:
+        if STEPS_KEY in spec.space or STEPS_KEY in spec.cells:
+            where = "space" if STEPS_KEY in spec.space else "cells"
+            raise fail(f"continues finalists to multiples of the steps, and {STEPS_KEY} varies here already ({where}); drop one of them",
+                       "confirm.length")
+        for name, settings in plan.settings.items():
+            for i, factor in enumerate(length.factors):
+                steps = factor * settings.steps
+                if abs(steps - round(steps)) > 1e-9:
+                    raise fail(f"{factor:g} x {settings.steps} steps (cell {name}) is {steps:g}, not a whole number of steps; choose a "
+                               f"factor that gives one", f"confirm.length.factors[{i}]")
+    longest = max(length.factors) if length is not None else 1.0
+    targets = set(plan.target_names())
+    for name in plan.all_names():
+        recipe = plan.recipe(plan.trial_overrides(plan.cell(name), {}))
+        available = _data_bytes(recipe)
+        factor = longest if name not in targets else 1.0
+        tokens = factor * recipe.train.steps * recipe.train.batch_size * recipe.model.context
+        if available and tokens * 2 / available > MAX_EPOCHS:
+            what, where = (f"transfer target {name}", "transfer.to") if name in targets else (f"cell {name}", "steps")
+            if factor > 1:
+                what, where = f"cell {name} continued to {factor:g}x its steps", "confirm.length.factors"
+            raise fail(f"{what} trains {factor * recipe.train.steps:,.0f} steps, about {tokens:.3g} tokens: more than {MAX_EPOCHS} passes over "
+                       f"its {available:,} bytes of training data; train fewer steps or give more data", where)
 
 
-def _local_text_bytes(recipe: Recipe) -> int | None:
-    """The size of a local text corpus (None: a corpus whose size is not known before it is read)."""
+def _data_bytes(recipe: Recipe) -> int | None:
+    """The size of the training text before it is read (None: a source whose size is only known once it is read)."""
+    if recipe.data.source == "builtin":
+        return BUILTIN_BYTES
     if recipe.data.source != "text":
         return None
     from blockforge.data.corpus import expand_paths

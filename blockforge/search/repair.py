@@ -10,31 +10,47 @@ record names) is refused in one sentence, so a search is never resumed into a sm
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_text
 from blockforge.search.ledger import Ledger, TrialRecord, absolute_run_dirs, located, merged, read_lines, record_line, segment_files
+from blockforge.search.runs import run_end
 from blockforge.train.events import Status
 
 
 def _finished_in_folder(record: TrialRecord, metric: str) -> TrialRecord | None:
-    """The finished record of a trial whose run folder holds result.json (completed or diverged), or None."""
-    if not record.run_dir:
+    """The finished record of a trial whose run folder says it finished (completed or diverged), or None."""
+    end = run_end(record.run_dir, metric) if record.run_dir else None
+    if end is None:
         return None
-    try:
-        result = json.loads((Path(record.run_dir) / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-    status = result.get("status") if isinstance(result, dict) else None
-    if status not in (Status.COMPLETED, Status.DIVERGED):
-        return None
-    metrics = {k: v for k, v in (result.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    value = metrics.get(metric) if status == Status.COMPLETED else None
-    return replace(record, status=status, steps=int(result.get("step", record.steps)), metrics=metrics, value=value,
+    return replace(record, status=end.status, steps=end.step, metrics=end.metrics, value=end.value,
                    note="recorded again from its run folder (the ledger's line was lost)")
+
+
+def _against_runs(latest: dict, copies: dict[Path, list[TrialRecord]], metric: str, resume: str) -> dict:
+    """Records of trained trials checked against the runs they describe: one whose run folder this search does not hold is
+    refused (naming the file and line it came from); one whose value is not its run's own last evaluation takes the run's.
+    Returns the corrected records."""
+    corrected = {}
+    for key, record in latest.items():
+        if record.status not in (Status.COMPLETED, Status.DIVERGED, Status.PRUNED) or not record.run_dir:
+            continue
+        if not (Path(record.run_dir) / "metrics.jsonl").exists():
+            where = next(((path, i) for path, records in copies.items() for i, r in enumerate(records, 1)
+                          if (r.cell, r.trial, r.seq) == (record.cell, record.trial, record.seq)), (None, 0))
+            origin = f"{where[0]}: line {where[1]}" if where[0] else f"{record.cell} trial {record.trial}"
+            raise BlockforgeError(f"{origin}: records trial {record.trial} of cell {record.cell} as {record.status}, but this search holds "
+                                  f"no run of it ({Path(record.run_dir).name} has no metrics.jsonl): the record is not this search's; "
+                                  f"remove the line from both copies, then resume with: {resume}")
+        if record.status != Status.COMPLETED:
+            continue
+        end = run_end(record.run_dir, metric)
+        if end is not None and end.status == Status.COMPLETED and end.step == record.steps and end.value != record.value:
+            corrected[key] = replace(record, value=end.value, metrics=end.metrics,
+                                     note=f"value read again from its run's own log ({record.value} in the ledger)")
+    return corrected
 
 
 def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
@@ -63,12 +79,13 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
         done = _finished_in_folder(record, metric) if record.status in (Status.RUNNING, Status.INTERRUPTED) else None
         if done is not None:
             finished[key] = done
+    corrected = _against_runs(latest, {path: main, ledger.backup: copy}, metric, resume)
     in_main = merged(main)
     restored = [key for key, record in latest.items() if key not in in_main or in_main[key].seq < record.seq]
-    if not (damaged or finished or restored or moved):
+    if not (damaged or finished or restored or moved or corrected):
         return None
     top = max((r.seq for r in latest.values()), default=0)
-    for record in finished.values():  # results read from run folders come after everything the ledger held
+    for record in [*finished.values(), *corrected.values()]:  # what the run folders say comes after everything the ledger held
         top += 1
         latest[(record.cell, record.trial)] = replace(record, seq=top)
     text = b"".join(record_line(r, ledger.folder) for r in sorted(latest.values(), key=lambda r: r.seq)).decode()
@@ -86,4 +103,6 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
         said.append(f"{moved} record(s) that named run folders by absolute paths now name them relative to the search folder")
     if finished:
         said.append(f"{len(finished)} finished trial(s) whose last line was lost were read back from their run folders")
+    if corrected:
+        said.append(f"{len(corrected)} record(s) whose value was not their run's own last evaluation now hold the run's")
     return f"{path}: repaired before resuming: " + "; ".join(said) + "."

@@ -151,6 +151,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     import torch
     from ray import tune
 
+    from blockforge.search.runs import damaged_result, last_evaluation, run_end
     from blockforge.search.store import trial_folder
     from blockforge.train.checkpoint import checkpoint_folders
     from blockforge.train.events import Status
@@ -163,14 +164,14 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     costs = _measured_costs(plan, recipe, storage)  # reported with every result: the searcher records them
     with trial_folder(storage, config["cell"], config["identity"]) as (run_dir, mirror):
         push = mirror.push if mirror is not None else (lambda: None)
-        finished = run_dir / "result.json"
-        if finished.exists():  # finished before the driver was restarted: report, do not retrain
-            result = json.loads(finished.read_text())
-            diverged = result["status"] == Status.DIVERGED
-            metrics = result.get("metrics") or {}
-            value = plan.penalty if diverged else metrics.get(plan.metric, plan.penalty)
-            tune.report({OBJECTIVE: value, "step": result["step"], "diverged": diverged, **metrics, **costs})
+        end = run_end(run_dir, plan.metric)
+        if end is not None:  # finished before the driver was restarted: report what its own log says, do not retrain
+            diverged = end.status == Status.DIVERGED
+            value = plan.penalty if diverged or end.value is None else end.value
+            tune.report({OBJECTIVE: value, "step": end.step, "diverged": diverged, **end.metrics, **costs})
             return
+        if damaged_result(run_dir):  # cut short or edited: the run goes on from its newest checkpoint, which decides
+            (run_dir / "result.json").unlink()
         if config.get("continues") and not checkpoint_folders(run_dir):  # a longer training: it starts where its source ended
             start_from(storage, config["continues"], run_dir)
         resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
@@ -179,11 +180,17 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
                 f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
                                     "workers": workers, "start_step": trainer.state["step"]}) + "\n")
+            reported = False
             for event in trainer.iterate():
                 metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
                 value = plan.penalty if event.diverged else metrics[plan.metric]
                 push()  # the storage holds what Tune is told (a stop may come inside report, and nothing after it runs)
+                reported = True
                 tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
+            last = last_evaluation(run_dir, trainer.state["step"]) if not reported else None
+            if last is not None and plan.metric in last:  # its newest checkpoint was its last step (its result file was lost)
+                push()
+                tune.report({OBJECTIVE: last[plan.metric], "step": trainer.state["step"], "diverged": False, **last, **costs})
     if mirror is not None:  # ended (not stopped inside report): the storage holds the run, this node need not
         shutil.rmtree(run_dir, ignore_errors=True)
 

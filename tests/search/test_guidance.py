@@ -126,7 +126,9 @@ def test_the_plan_gives_the_guided_and_the_unguided_worst_case(tmp_path, capsys)
     ({"confirm": {"top": 1, "seeds": 2, "length": {"factors": [2]}}, "space": {ALPHA: {"uniform": [0.0, 0.5]}, "train.steps": {"choice": [20, 40]}},
       "baselines": [{ALPHA: 0.0, "train.steps": 40}]},
      "confirm.length: continues finalists to multiples of the steps, and train.steps varies here already"),
-    ({"confirm": {"top": 1, "seeds": 2, "length": {"factors": [2, 1e7]}}}, "passes over the"),
+    ({"confirm": {"top": 1, "seeds": 2, "length": {"factors": [2, 1e7]}}}, "continued to 1e+07x its steps trains"),
+    ({"cells": {"model.depth": [2, 4], "train.steps": [30]}, "transfer": {"to": [{"model.depth": 4, "train.steps": 10 ** 14}]}},
+     "transfer.to: transfer target depth=4,steps=100000000000000 trains 100,000,000,000,000 steps"),
 ])
 def test_guidance_and_length_refuse_what_they_cannot_do_in_one_sentence(tmp_path, capsys, change, needle):
     settings = dict(cells={"model.depth": DEPTHS}, space={ALPHA: {"uniform": [0.0, 0.5]}}, baselines=[{ALPHA: 0.0}],

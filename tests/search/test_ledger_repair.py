@@ -199,3 +199,48 @@ def test_an_old_ledger_naming_run_folders_by_absolute_paths_is_read_at_the_folde
     assert "now name them relative to the search folder" in said
     assert all(not json.loads(line)["run_dir"].startswith("/") for line in (folder / "trials.jsonl").read_text().splitlines())
     assert repair_ledger(folder, plan.metric, "RESUME") is None  # rewritten once
+
+
+def _completed(folder):
+    return [r for r in Ledger(folder / "trials.jsonl").records() if r.status == "completed"]
+
+
+def test_a_record_of_a_run_this_search_does_not_hold_is_refused_naming_its_file_and_line(stopped):
+    plan, folder = stopped
+    backup = folder / "trials.backup.jsonl"
+    stranger = {**json.loads(backup.read_text().splitlines()[-1]), "trial": 77, "status": "completed", "value": 0.1, "seq": 999,
+                "run_dir": "trials/depth=4/0123456789ab", "identity": "0123456789ab"}
+    with open(backup, "a") as f:
+        f.write(json.dumps(stranger) + "\n")
+    lines = len(backup.read_text().splitlines())
+    before = (folder / "trials.jsonl").read_text()
+    with pytest.raises(BlockforgeError, match=rf"trials.backup.jsonl: line {lines}: records trial 77 of cell depth=4 as completed, but this "
+                                              r"search holds no run of it .*remove the line from both copies, then resume with: RESUME"):
+        repair_ledger(folder, plan.metric, "RESUME")
+    assert (folder / "trials.jsonl").read_text() == before  # nothing rewritten before the whole merge was checked
+
+
+def test_no_record_outvotes_the_run_it_describes(stopped):
+    plan, folder = stopped
+    trial = _completed(folder)[0]
+    backup = folder / "trials.backup.jsonl"
+    newer = {**json.loads(next(line for line in backup.read_text().splitlines() if json.loads(line)["trial"] == trial.trial
+                                and json.loads(line)["status"] == "completed")), "value": 0.5, "seq": 999}
+    with open(backup, "a") as f:
+        f.write(json.dumps(newer) + "\n")
+    said = repair_ledger(folder, plan.metric, "RESUME")
+    assert "1 record(s) whose value was not their run's own last evaluation now hold the run's" in said
+    assert next(r for r in _completed(folder) if r.trial == trial.trial).value == trial.value
+
+
+def test_a_result_file_edited_after_the_run_loses_to_the_runs_own_log(stopped):
+    plan, folder = stopped
+    trial = _completed(folder)[0]
+    for name in ("trials.jsonl", "trials.backup.jsonl"):  # both copies lost its completion: it reads as still running
+        path = folder / name
+        kept = [line for line in path.read_text().splitlines() if not (json.loads(line)["trial"] == trial.trial and json.loads(line)["status"] == "completed")]
+        path.write_text("".join(line + "\n" for line in kept))
+    run = folder / trial.run_dir.split(str(folder) + "/", 1)[1]
+    (run / "result.json").write_text(json.dumps({"status": "completed", "step": trial.steps, "metrics": {"val_loss": 1.0}}))
+    assert "read back from their run folders" in repair_ledger(folder, plan.metric, "RESUME")
+    assert next(r for r in _completed(folder) if r.trial == trial.trial).value == trial.value  # the log's, not the edited 1.0

@@ -1,0 +1,70 @@
+"""How a trial's run ended, as its own run folder says it: the folder's evidence wins over any record of it.
+
+result.json says whether the run finished (completed or diverged) and at which step; metrics.jsonl holds every
+evaluation the run logged as it went, so the metrics of its last evaluation are the run's own. A ledger record, or
+result.json's copy of the metrics, that disagrees with that log loses to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from blockforge.train.events import Status
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    status: str  # completed | diverged
+    step: int
+    metrics: dict[str, float]
+    value: float | None  # the objective metric at the last evaluation (None: diverged)
+
+
+def last_evaluation(run_dir: str | Path, step: int | None = None) -> dict[str, float] | None:
+    """The numeric metrics of the run's last evaluation (at `step`, when given) in its metrics.jsonl."""
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if isinstance(event, dict) and event.get("event") == "eval" and (step is None or event.get("step") == step):
+            found = {k: v for k, v in event.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    return found
+
+
+def result_of(run_dir: str | Path) -> dict | None:
+    """result.json's record (None: missing, cut short or not a record)."""
+    try:
+        result = json.loads((Path(run_dir) / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or not isinstance(result.get("status"), str) or isinstance(result.get("step"), bool) \
+            or not isinstance(result.get("step"), int):
+        return None
+    return result
+
+
+def run_end(run_dir: str | Path, metric: str) -> RunEnd | None:
+    """How the run ended, if it finished (completed or diverged): its step from result.json, its metrics from the log's
+    evaluation at that step (result.json's copy only where the log has none)."""
+    result = result_of(run_dir)
+    if result is None or result["status"] not in (Status.COMPLETED, Status.DIVERGED):
+        return None
+    copied = {k: v for k, v in (result.get("metrics") or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)} \
+        if isinstance(result.get("metrics"), dict) else {}
+    logged = last_evaluation(run_dir, result["step"]) if result["status"] == Status.COMPLETED else None
+    metrics = {**copied, **(logged or {})}
+    value = metrics.get(metric) if result["status"] == Status.COMPLETED else None
+    return RunEnd(result["status"], result["step"], metrics, value)
+
+
+def damaged_result(run_dir: str | Path) -> bool:
+    """Whether the run folder holds a result.json that cannot be read as one (cut short, edited into something else)."""
+    return (Path(run_dir) / "result.json").exists() and result_of(run_dir) is None
