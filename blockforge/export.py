@@ -203,9 +203,12 @@ against the source's on random tokens past its longest window. blockforge did no
 
 
 def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
-    """Refuse an --out that holds anything but an earlier export (that one only with --force)."""
+    """Refuse an --out that holds anything but an earlier export (that one only with --force), or lies under a file."""
     if out.exists() and not out.is_dir():
         raise BlockforgeError(f"{out}: is a file; choose a folder for --out")
+    blocking = next((parent for parent in out.absolute().parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise BlockforgeError(f"{out}: lies under {blocking}, which is a file; choose a folder for --out")
     if not out.exists() or not any(out.iterdir()):
         return
     if not force:
@@ -216,6 +219,16 @@ def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
         raise BlockforgeError(f"{out}: holds files that are not an earlier export, and --force replaces only an export; choose another --out")
 
 
+def _remove_abandoned(out: Path) -> None:
+    """Remove what an export into `out` killed before it finished left beside it (.NAME.partial-PID-*, its process gone)."""
+    from blockforge.train.lock import _alive
+
+    for leftover in out.parent.glob(f".{out.name}.partial-*") if out.parent.is_dir() else ():
+        pid = leftover.name.rsplit(".partial-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def export_folder(out: str | os.PathLike, *, force: bool = False, run_dir: str | os.PathLike | None = None) -> Iterator[Path]:
     """An empty folder beside `out` to write an export into; it replaces `out` only once the block finished.
@@ -224,6 +237,7 @@ def export_folder(out: str | os.PathLike, *, force: bool = False, run_dir: str |
     """
     out = Path(out)
     _replaceable(out, force, Path(run_dir) if run_dir is not None else None)
+    _remove_abandoned(out)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     stage, old = out.parent / f".{out.name}.partial-{tag}", out.parent / f".{out.name}.old-{tag}"
     with writes_into(out.parent, "the export", "free space there or choose another --out"):
@@ -410,6 +424,12 @@ def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: boo
     if not isinstance(spec, ResolvedSpec):
         raise BlockforgeError(f"save takes a blockforge model (from blockforge.build_model, load or from_hf), not a {type(model).__name__}; "
                               "convert a transformers model first with blockforge.from_hf")
+    if not str(out).strip():
+        raise BlockforgeError("save needs a folder to write the model into, not an empty path")
+    for flag, value in (("--base-model", base_model), ("--license", license)):
+        if value is not None and (not value.strip() or any(ord(c) < 32 or c == "\x7f" for c in value)):
+            raise BlockforgeError(f"{flag} {value!r}: must be one line of printable text (a hub id such as org/name, a license id "
+                                  "such as apache-2.0), which the card's header names as it is")
     record = getattr(model, "hf_source", None)
     folder = Path(record["folder"]) if record and record.get("folder") else None
     if tokenizer is None and folder is not None and (folder / "tokenizer_config.json").is_file():
@@ -431,6 +451,9 @@ def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: boo
             }
             atomic_write_json(stage / SOURCE_FILE, source)
             if folder is not None and (folder / GENERATION_FILE).is_file():
+                from blockforge.families.conversion import check_generation
+
+                check_generation(folder / GENERATION_FILE, "correct it or delete it in the source folder, then convert again")
                 shutil.copyfile(folder / GENERATION_FILE, stage / GENERATION_FILE)
             elif record.get("generation_config"):
                 from transformers import GenerationConfig

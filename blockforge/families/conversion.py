@@ -150,11 +150,46 @@ def read_source(folder: Path) -> dict | None:
     if not path.is_file():
         return None
     record = read_json(path, "convert the model again")
-    if not isinstance(record, dict) or not isinstance(record.get("model_type"), str):
-        from blockforge.errors import CorruptFolderError
+    from blockforge.errors import CorruptFolderError
 
+    if not isinstance(record, dict) or not isinstance(record.get("model_type"), str):
         raise CorruptFolderError(f"{path}: not a source record (a mapping with model_type); convert the model again")
+    if record.get("dtype", "float32") not in DTYPES:
+        raise CorruptFolderError(f"{path}: dtype is {record.get('dtype')!r}, none of {', '.join(DTYPES)}; convert the model again, or "
+                                 "set it back to the precision the source was stored in")
     return record
+
+
+DTYPES = ("float32", "bfloat16", "float16")  # the precisions a source record names
+# generation_config.json keys blockforge reads, and what each must hold
+_GENERATION_KINDS = {"eos_token_id": "ids", "bos_token_id": "ids", "pad_token_id": "ids", "temperature": "number", "top_p": "number",
+                     "top_k": "int", "max_new_tokens": "int", "max_length": "int", "do_sample": "bool", "repetition_penalty": "number"}
+
+
+def check_generation(path: Path, fix: str) -> dict:
+    """A generation_config.json, read and checked: a mapping whose token ids, sampling settings and lengths have their
+    types; else one sentence naming the file and the key."""
+    from blockforge.errors import CorruptFolderError
+    from blockforge.io import read_json
+
+    data = read_json(path, fix)
+    if not isinstance(data, dict):
+        raise CorruptFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of generation settings; {fix}")
+    for key, kind in _GENERATION_KINDS.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        ok = {"ids": lambda v: _whole(v) or (isinstance(v, list) and all(_whole(x) for x in v)),
+              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "int": _whole, "bool": lambda v: isinstance(v, bool)}[kind](value)
+        if not ok:
+            wanted = {"ids": "a token id or a list of them", "number": "a number", "int": "a whole number", "bool": "true or false"}[kind]
+            raise CorruptFolderError(f"{path}: {key} is {value!r}, not {wanted}; {fix}")
+    return data
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_generation(folder: Path) -> dict:
@@ -162,6 +197,7 @@ def read_generation(folder: Path) -> dict:
     path = Path(folder) / GENERATION_FILE
     if not path.is_file():
         return {}
+    check_generation(path, "convert or export the model again, or correct that key")
     from transformers import GenerationConfig
 
     try:

@@ -65,7 +65,8 @@ def publish(stage: Path, out_dir: Path) -> None:
         os.replace(file, out_dir / file.name)
 
 
-def front_matter(**fields: str) -> str:
-    """The YAML header of a Hugging Face model card."""
-    lines = [f"{key}: {value}" for key, value in fields.items()]
-    return "---\n" + "\n".join(lines) + "\n---\n\n"
+def front_matter(**fields) -> str:
+    """The YAML header of a Hugging Face model card, written by a YAML dumper: any value reads back as itself."""
+    import yaml
+
+    return "---\n" + yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, width=10**6) + "---\n\n"

@@ -135,14 +135,14 @@ def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str, dtype: t
 
 def card_front_matter(spec: ResolvedSpec, source: dict, native_dir: Path) -> str:
     """The model card's YAML header: library, task, provenance (a converted model's base model and license) and data."""
-    fields = {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": "[blockforge]"}
+    fields = {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": ["blockforge"]}
     if source.get("license"):
         fields["license"] = source["license"]
     if source.get("base_model"):
         fields["base_model"] = source["base_model"]
     data = read_json(native_dir / "data.json", "export the run again") if (native_dir / "data.json").is_file() else {}
     if isinstance(data, dict) and data.get("source") == "hf" and data.get("dataset"):
-        fields["datasets"] = f"[{data['dataset']}]"
+        fields["datasets"] = [data["dataset"]]
     return front_matter(**fields)
 
 

@@ -133,7 +133,7 @@ def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str, dtype: t
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
         (stage / "config.json").write_text(json.dumps(config(spec, preprocess), indent=2) + "\n")
         copy_records(native_dir, stage)
-        (stage / "README.md").write_text(front_matter(library_name="timm", pipeline_tag="image-classification", tags="[blockforge]") + card)
+        (stage / "README.md").write_text(front_matter(library_name="timm", pipeline_tag="image-classification", tags=["blockforge"]) + card)
         verify(stage, model, dtype)
         publish(stage, out_dir)
 

@@ -188,3 +188,75 @@ def test_save_refuses_what_is_not_a_blockforge_model(tmp_path):
 
 def test_the_texts_cover_special_tokens_inside_text():
     assert any("<|im_end|>" in text for text in TEXTS) and len(TEXTS) == 20
+
+
+@pytest.mark.parametrize("value", ["x\nlicense: stolen", "[a, b", "a: b", "#not a comment", "'quoted'", "ünïcode/näme", "org/name"])
+def test_card_headers_read_back_any_base_model_and_license_as_given_or_refuse_them(tmp_path, capsys, value):
+    import yaml
+
+    src = make_source("gemma", tmp_path / "sources")
+    capsys.readouterr()
+    if "\n" in value:  # no hub reads a field that spans lines: refused by name, nothing written
+        assert main(["convert", str(src), "--out", str(tmp_path / "native"), "--base-model", value]) == 2
+        err = capsys.readouterr().err
+        assert "--base-model" in err and "one line of printable text" in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "native").exists()
+        return
+    native = convert(src, tmp_path, "--base-model", value, "--license", value)
+    out = export_hf(native, tmp_path)
+    header = yaml.safe_load((out / "README.md").read_text().split("---\n")[1])
+    assert header["base_model"] == value and header["license"] == value and header["tags"] == ["blockforge"]
+
+
+def test_convert_and_save_refuse_what_they_cannot_write_in_one_sentence(tmp_path, capsys):
+    src = make_source("qwen3", tmp_path / "sources")
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    assert main(["convert", str(src), "--out", str(tmp_path / "afile" / "sub")]) == 2  # --out under a file
+    err = capsys.readouterr().err
+    assert "lies under" in err and "is a file" in err and "Traceback" not in err
+    model = blockforge.from_hf(src)
+    with pytest.raises(blockforge.BlockforgeError, match="not an empty path"):
+        blockforge.save(model, "")
+    (src / "generation_config.json").write_text('{"eos_token_id": [1, ')  # cut short in the source
+    capsys.readouterr()
+    assert main(["convert", str(src), "--out", str(tmp_path / "native")]) == 2
+    err = capsys.readouterr().err
+    assert "generation_config.json" in err and "not valid JSON" in err and not (tmp_path / "native").exists()
+
+
+def test_a_kill_left_partial_export_is_cleaned_up_by_the_next_write(tmp_path):
+    src = make_source("qwen3", tmp_path / "sources")
+    left = tmp_path / ".native.partial-999999999-abcdef12"  # a pid no process has
+    left.mkdir()
+    (left / "model.safetensors").write_text("half")
+    convert(src, tmp_path)
+    assert not left.exists()
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("eos_token_id", "abc", "eos_token_id is 'abc', not a token id or a list of them"),
+    ("temperature", "hot", "temperature is 'hot', not a number"),
+    ("top_k", 2.5, "top_k is 2.5, not a whole number"),
+    (None, [1, 2], "holds a list, not a mapping of generation settings"),
+])
+def test_a_generation_config_edited_after_export_is_one_sentence_naming_the_file_and_key(tmp_path, capsys, key, value, needle):
+    src = make_source("llama-3.2", tmp_path / "sources")
+    native = convert(src, tmp_path)
+    path = native / "generation_config.json"
+    path.write_text(json.dumps(value if key is None else {**json.loads(path.read_text()), key: value}))
+    capsys.readouterr()
+    assert main(["generate", str(native), "--prompt", "The", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "generation_config.json" in err and needle in err and "model.safetensors" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_source_record_edited_to_an_unknown_precision_is_refused(tmp_path, capsys):
+    src = make_source("qwen3", tmp_path / "sources")
+    native = convert(src, tmp_path)
+    record = json.loads((native / "source.json").read_text())
+    (native / "source.json").write_text(json.dumps({**record, "dtype": "float8"}))
+    capsys.readouterr()
+    assert main(["export", str(native), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert "source.json: dtype is 'float8'" in err and len(err.strip().splitlines()) == 1
