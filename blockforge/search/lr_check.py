@@ -50,7 +50,7 @@ class LrCurve:
 class LrCheck:
     cell: str
     shared: float
-    candidate: LrCurve
+    candidate: LrCurve | None  # None: Pre-LN won and no other finalist was trained over the grid
     reference: LrCurve
     at_shared: Difference | None
     at_best: Difference | None
@@ -58,10 +58,14 @@ class LrCheck:
     best_verdict: str
 
     @property
-    def robust(self) -> bool:
-        return self.shared_verdict == self.best_verdict
+    def robust(self) -> bool | None:
+        """Whether the verdict is the same at the shared and at each one's best learning rate (None: nothing to compare)."""
+        return None if self.candidate is None else self.shared_verdict == self.best_verdict
 
     def text(self) -> str:
+        if self.candidate is None:
+            return (f"{self.cell}: Pre-LN won at the shared lr {self.shared:g} and no other finalist was trained over the grid, so "
+                    f"there is no verdict to check; Pre-LN's own curve over it: {self.reference.text()}.")
         at_best = f"{self.candidate.name} at {self.candidate.best:g} against Pre-LN at {self.reference.best:g}"
         shared = f"{self.shared_verdict} at the shared lr {self.shared:g} ({self.at_shared.text() if self.at_shared else 'no common seed'})"
         best = f"{self.best_verdict} at each one's best lr, {at_best} ({self.at_best.text() if self.at_best else 'no common seed'})"
@@ -92,17 +96,22 @@ def lr_check(plan: SearchPlan, records: list[TrialRecord], evidence: CellEvidenc
     """The learning-rate check of one cell (None without confirm.lr, or before the winner and Pre-LN have their grid)."""
     if plan.confirm is None or plan.confirm.lr is None or evidence.winner is None or evidence.reference is None:
         return None
-    candidate = evidence.winner if evidence.winner is not evidence.reference else evidence.runner_up
-    if candidate is None:
-        return None
     shared = plan.shared_lr(evidence.cell)
+    swept = {_model_key(r.overrides) for r in records if r.cell == evidence.cell and r.stage == StageName.LR}
+    if evidence.winner is not evidence.reference:
+        candidate = evidence.winner
+    else:  # Pre-LN won: the best other finalist trained over the grid (every finalist is), if any
+        candidate = next((c for c in evidence.candidates if c is not evidence.reference and _model_key(c.overrides) in swept), None)
     curves = []
     for c in (candidate, evidence.reference):
+        if c is None:
+            curves.append(None)
+            continue
         by_lr: dict[float, dict[int, float]] = {shared: dict(c.values)}
         for r in records:
             if r.cell != evidence.cell or r.stage != StageName.LR or r.status not in (Status.COMPLETED, Status.DIVERGED):
                 continue
-            if {k: v for k, v in r.overrides.items() if k != LR_KEY} != c.overrides:
+            if _model_key(r.overrides) != _model_key(c.overrides):
                 continue
             value = plan.penalty if r.status == Status.DIVERGED else r.value
             if value is not None:
@@ -111,8 +120,17 @@ def lr_check(plan: SearchPlan, records: list[TrialRecord], evidence: CellEvidenc
             return None  # the grid has not been trained yet
         curves.append(_curve("Pre-LN" if c is evidence.reference else describe(c), by_lr, plan.mode))
     mine, pre = curves
+    if mine is None:
+        return LrCheck(evidence.cell, shared, None, pre, None, None, "n/a", "n/a")
     seeds = set.intersection(*(set(v) for curve in curves for v in curve.by_lr.values()))
     on = lambda values: {s: v for s, v in values.items() if s in seeds}  # noqa: E731  (the seeds every learning rate shares)
     at_shared = paired_difference(on(mine.by_lr[shared]), on(pre.by_lr[shared]))
     at_best = paired_difference(on(mine.by_lr[mine.best]), on(pre.by_lr[pre.best]))
     return LrCheck(evidence.cell, shared, mine, pre, at_shared, at_best, verdict(at_shared, plan.mode), verdict(at_best, plan.mode))
+
+
+def _model_key(overrides: dict) -> str:
+    """A model's searched values less its learning rate (what is the same model over the grid)."""
+    import json
+
+    return json.dumps({k: v for k, v in overrides.items() if k != LR_KEY}, sort_keys=True, default=str)

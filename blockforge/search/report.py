@@ -293,6 +293,8 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
     for ax, cell in zip(axes[0], cells):
         check = checks[cell]
         for curve, color in ((check.candidate, "tab:blue"), (check.reference, "tab:gray")):
+            if curve is None:
+                continue
             lrs, seeds = sorted(curve.by_lr), curve.seeds
             for lr in lrs:
                 ax.scatter([lr] * len(curve.by_lr[lr]), list(curve.by_lr[lr].values()), color=color, s=10, alpha=0.5)
@@ -304,7 +306,8 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(plan.metric)
-        ax.set_title(f"{cell}: {'lr-robust' if check.robust else 'not lr-robust'}", fontsize=9)
+        ax.set_title(f"{cell}: {'Pre-LN won, nothing to check' if check.robust is None else 'lr-robust' if check.robust else 'not lr-robust'}",
+                     fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{plan.name}: {plan.metric} against the learning rate (ringed: each one's best)", fontsize=10)
@@ -432,7 +435,8 @@ def basis_section(found: Findings) -> list[str]:
         text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it, no confirm.length)")
         check = found.lr_checks.get(cell)
         if plan.confirm is not None and plan.confirm.lr is not None:
-            text += "; lr check: " + (("lr-robust" if check.robust else "not lr-robust") + f" ({check.best_verdict} at each one's best lr)"
+            text += "; lr check: " + ("Pre-LN won and no other finalist was trained over the grid" if check and check.robust is None
+                                      else (("lr-robust" if check.robust else "not lr-robust") + f" ({check.best_verdict} at each one's best lr)")
                                       if check else "not trained yet")
         else:
             text += "; lr check: none (confirm.lr trains the finalists over a grid)"

@@ -24,6 +24,7 @@ def lr_search(tmp_path, **changes):
     settings = dict(cells={"model.depth": [4]}, scheduler=None, confirm={"top": 1, "seeds": 2, "lr": {"grid": GRID}},
                     space={ALPHA: {"grid": [0.0, 0.25, 0.5]}}, sampler={"grid": {}}, trials_per_cell=3, baselines=[])
     settings.update(changes)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     return load_search(write_search(tmp_path, **settings))
 
 
@@ -115,3 +116,20 @@ def test_a_longer_target_reports_its_gap_to_pre_ln_along_training_from_the_run_f
     assert "Against Pre-LN along training" in text
     assert "1 Post-LN layer: -0.03 at step 20, -0.06 at step 40, -0.09 at step 60." in text  # mean of -0.02 and -0.04 at step 20
     assert (tmp_path / "s" / "transfer_curves.png").stat().st_size > 0 and "`transfer_curves.png`" in text
+
+
+def test_when_pre_ln_wins_the_lr_stage_still_reports_what_it_trained(tmp_path):
+    pre_ln_best = lambda config: value(config) - 0.3 * (round(dict(config["overrides"])[ALPHA] * 4) == 0)  # noqa: E731
+    # Only Pre-LN is a finalist (top 1, the Pre-LN model is the best explored): the grid trains it alone.
+    plan = lr_search(tmp_path / "alone")
+    drive(CellSearcher(plan, str(tmp_path / "alone" / "s")), pre_ln_best)
+    records = Ledger(tmp_path / "alone" / "s" / "trials.jsonl").records()
+    assert {r.post_ln_layers for r in records if r.stage == "lr"} == {0}
+    summary = write_reports(tmp_path / "alone" / "s", plan, Ledger(tmp_path / "alone" / "s" / "trials.jsonl"))
+    assert "Pre-LN won at the shared lr 0.003 and no other finalist was trained over the grid" in summary and "best lr 0.003" in summary
+    assert "lr check: Pre-LN won and no other finalist was trained over the grid" in (tmp_path / "alone" / "s" / "summary.md").read_text()
+    # With a second finalist that left the race (clearly behind Pre-LN), the grid spends nothing on it either.
+    plan = lr_search(tmp_path / "two", confirm={"top": 2, "seeds": 2, "lr": {"grid": GRID}})
+    drive(CellSearcher(plan, str(tmp_path / "two" / "s")), pre_ln_best)
+    records = Ledger(tmp_path / "two" / "s" / "trials.jsonl").records()
+    assert {r.post_ln_layers for r in records if r.stage == "lr"} == {0} and any(r.post_ln_layers == 1 and r.stage == "confirm" for r in records)

@@ -31,7 +31,7 @@ class LrSweep(Stage):
         self.opened = True
         shared = self.plan.shared_lr(cell.name)
         seeds = [cell.base_seed + i for i in range(self.plan.confirm.seeds + 1)]
-        for finalist in cell.finalists:
+        for finalist in Confirm.racing(cell):  # a finalist that left confirmation's race is not checked further
             for lr in self.plan.confirm.lr.grid:
                 if lr == shared:
                     continue  # the confirmation trained it there
