@@ -254,6 +254,10 @@ def read_lines(path: Path) -> tuple[list[TrialRecord], list[int]]:
     by a kill is expected (its trial's previous record stands) and is not counted; any other is damage."""
     if not path.exists():
         return [], []
+    if not path.is_file():
+        from blockforge.errors import CorruptFolderError
+
+        raise CorruptFolderError(f"{path}: is not a file, and the search's records are kept there; move it aside, then resume")
     lines = path.read_text(errors="replace").splitlines()
     records, damaged = [], []
     for number, line in enumerate(lines, start=1):

@@ -14,17 +14,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
-from blockforge.io import atomic_write_text
+from blockforge.io import atomic_write_json, atomic_write_text
 from blockforge.search.ledger import Ledger, TrialRecord, absolute_run_dirs, located, merged, read_lines, record_line, segment_files
-from blockforge.search.runs import run_end
+from blockforge.search.runs import finished_without_result, run_end
 from blockforge.train.events import Status
 
 
 def _finished_in_folder(record: TrialRecord, metric: str) -> TrialRecord | None:
-    """The finished record of a trial whose run folder says it finished (completed or diverged), or None."""
-    end = run_end(record.run_dir, metric) if record.run_dir else None
-    if end is None:
+    """The finished record of a trial whose run folder says it finished (completed or diverged), or None. A run whose
+    result.json was cut short after its last step is read from its log and final checkpoint, and its result written again."""
+    if not record.run_dir:
         return None
+    end = run_end(record.run_dir, metric)
+    if end is None:
+        end = finished_without_result(record.run_dir, metric)
+        if end is None:
+            return None
+        atomic_write_json(Path(record.run_dir) / "result.json", {"status": str(end.status), "step": end.step, "metrics": end.metrics,
+                                                                   "message": "written again from the run's log and last checkpoint"})
     return replace(record, status=end.status, steps=end.step, metrics=end.metrics, value=end.value,
                    note="recorded again from its run folder (the ledger's line was lost)")
 

@@ -65,6 +65,23 @@ def run_end(run_dir: str | Path, metric: str) -> RunEnd | None:
     return RunEnd(result["status"], result["step"], metrics, value)
 
 
+def finished_without_result(run_dir: str | Path, metric: str) -> RunEnd | None:
+    """A run whose result.json was lost or cut short after it finished: its recipe's last step has an evaluation in its log
+    and a whole checkpoint. Its end, as the log says it (None otherwise)."""
+    import yaml
+
+    if result_of(run_dir) is not None:
+        return None
+    try:
+        steps = yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text())["train"]["steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    logged = last_evaluation(run_dir, steps) if isinstance(steps, int) else None
+    if not logged or metric not in logged or not (Path(run_dir) / "checkpoints" / f"step-{steps:08d}" / "state.json").is_file():
+        return None
+    return RunEnd(Status.COMPLETED, steps, logged, logged[metric])
+
+
 def damaged_result(run_dir: str | Path) -> bool:
     """Whether the run folder holds a result.json that cannot be read as one (cut short, edited into something else)."""
     return (Path(run_dir) / "result.json").exists() and result_of(run_dir) is None

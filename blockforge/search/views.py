@@ -66,7 +66,7 @@ def _distribution(plan: SearchPlan, key: str):
 
     if key == MIX_LN_ALPHA:
         return d.FloatDistribution(0.0, 1.0)
-    return next(dim.optuna() for dim in plan.dimensions if dim.key == key)
+    return next((dim.optuna() for dim in plan.dimensions if dim.key == key), None)  # None: a key this search does not search
 
 
 def _frozen_trial(plan: SearchPlan, record: TrialRecord):
@@ -83,7 +83,7 @@ def _frozen_trial(plan: SearchPlan, record: TrialRecord):
     params, distributions = {}, {}
     for key, value in record.overrides.items():
         distribution = _distribution(plan, key)
-        if distribution._contains(distribution.to_internal_repr(value)):
+        if distribution is not None and distribution._contains(distribution.to_internal_repr(value)):
             params[key], distributions[key] = value, distribution
     value = plan.penalty if record.status == Status.DIVERGED else record.value
     if state == optuna.trial.TrialState.COMPLETE and value is None:

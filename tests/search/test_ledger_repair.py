@@ -244,3 +244,11 @@ def test_a_result_file_edited_after_the_run_loses_to_the_runs_own_log(stopped):
     (run / "result.json").write_text(json.dumps({"status": "completed", "step": trial.steps, "metrics": {"val_loss": 1.0}}))
     assert "read back from their run folders" in repair_ledger(folder, plan.metric, "RESUME")
     assert next(r for r in _completed(folder) if r.trial == trial.trial).value == trial.value  # the log's, not the edited 1.0
+
+
+def test_a_ledger_copy_that_is_a_folder_is_one_sentence(stopped):
+    plan, folder = stopped
+    (folder / "trials.backup.jsonl").unlink()
+    (folder / "trials.backup.jsonl").mkdir()
+    with pytest.raises(BlockforgeError, match=r"trials.backup.jsonl: is not a file, and the search's records are kept there; move it aside"):
+        repair_ledger(folder, plan.metric, "RESUME")

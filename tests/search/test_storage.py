@@ -333,3 +333,21 @@ def test_a_trial_that_a_newer_attempt_replaced_writes_nothing_more(tmp_path, s3,
             (new / "metrics.jsonl").write_text("1\n2\n")
             new_mirror.push()
     assert storage.read_bytes("trials/depth=2/abc/metrics.jsonl") == b"1\n2\n"
+
+
+@pytest.mark.slow
+def test_a_finished_trial_whose_record_and_result_were_both_lost_is_taken_up_from_its_run(tmp_path, ray_session):
+    path = _search(tmp_path, alphas=(0.5,))
+    out = tmp_path / "out"
+    first = run_search(path, out=out, progress_every_s=100)
+    (done,) = [r for r in first.records if r.status == "completed"]
+    for name in ("trials.jsonl", "trials.backup.jsonl"):  # both copies lost its completion
+        lines = (out / name).read_text().splitlines()
+        (out / name).write_text("".join(line + "\n" for line in lines if json.loads(line)["status"] != "completed"))
+    result = Path(done.run_dir) / "result.json"
+    result.write_text(result.read_text()[:10])  # and its result file was cut short
+    again = run_search(path, out=out, resume=True, progress_every_s=100)
+    (record,) = [r for r in again.records if r.status == "completed"]
+    assert record.value == done.value and record.steps == done.steps
+    assert len((Path(done.run_dir) / "attempts.jsonl").read_text().splitlines()) == 1  # read from its run: nothing trained again
+    assert json.loads(result.read_text())["status"] == "completed"  # and its result written again
