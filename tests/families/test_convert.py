@@ -190,7 +190,7 @@ def test_the_texts_cover_special_tokens_inside_text():
     assert any("<|im_end|>" in text for text in TEXTS) and len(TEXTS) == 20
 
 
-@pytest.mark.parametrize("value", ["x\nlicense: stolen", "[a, b", "a: b", "#not a comment", "'quoted'", "ünïcode/näme", "org/name"])
+@pytest.mark.parametrize("value", ["x\nlicense: stolen", "[a, b", "#not: a comment", "ünïcode/näme"])
 def test_card_headers_read_back_any_base_model_and_license_as_given_or_refuse_them(tmp_path, capsys, value):
     import yaml
 
