@@ -2,9 +2,12 @@
 
 Both are held as a `transformers` tokenizer, so `save` writes the standard files (tokenizer.json,
 tokenizer_config.json) and `load_tokenizer` or `transformers.AutoTokenizer` reads them back. Documents
-are encoded without the tokenizer's own special tokens (special-token text inside a document is split
-like any other text) and each is followed by the end-of-document id, so that id only ever marks a
-boundary between documents.
+are encoded without the tokenizer's own special tokens and each is followed by the end-of-document id.
+Two rules for special-token text ("<|endoftext|>" written out in a string):
+- a training document splits it like any other text, so the end-of-document id only ever marks a boundary
+  between documents;
+- a prompt (`Tokenizer.encode`) reads it as that special token, as transformers, vLLM and llama.cpp do
+  for the exported tokenizer, so `blockforge generate` and a served export see the same ids.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class Tokenizer:
         return hashlib.sha256(f"{identity}|eos {self.eos_id}|pad {self.pad_id}".encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
-        return self._encode_batch([text])[0]
+        """A prompt's ids, special-token text read as the special token (as a served export reads it)."""
+        return self.hf(text, add_special_tokens=False, split_special_tokens=False, verbose=False)["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids))
@@ -90,6 +94,7 @@ class Tokenizer:
                 yield np.array(ids + [self.eos_id], dtype=self.dtype)
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Training documents' ids: special-token text split like any other text."""
         return self.hf(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
 
     def save(self, directory: str | Path) -> None:

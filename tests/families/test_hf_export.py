@@ -120,6 +120,30 @@ def test_the_tokenizer_and_the_config_agree_on_special_ids(model_folder, tmp_pat
     assert tokenizer.model_max_length == 32
 
 
+PIECES = ["<|endoftext|>", "<|pad|>", "<|endo", "|>", "<|", " ", "  ", "\n", "model", " layer", "Ünï", "日本", "🙂", "3.5", "\t"]
+
+
+def test_a_prompt_is_the_ids_the_exported_tokenizer_gives_special_token_text_included(model_folder, tmp_path, bpe):
+    """blockforge encodes a prompt as transformers (and the engines that follow its tokenizer.json) encode it: special-token
+    text is the special token; a training document splits it into bytes instead, so end-of-text only marks boundaries."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    tokenizer = AutoTokenizer.from_pretrained(export_run(model_folder(llama()), tmp_path / "hf", format="hf"))
+    eos = bpe.eos_id
+    text = "<|endoftext|>inside<|endoftext|> text"
+    assert bpe.encode(text).count(eos) == 2 and tokenizer(text).input_ids == [eos] + bpe.encode(text)
+    assert eos not in next(bpe.encode_documents([text]))[:-1]  # the document's own eos only at its end
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=4)), max_size=12))
+    def same_ids(pieces):
+        prompt = "".join(pieces)
+        assert tokenizer(prompt).input_ids == [eos] + bpe.encode(prompt)
+        assert tokenizer(prompt, add_special_tokens=False).input_ids == bpe.encode(prompt)
+
+    same_ids()
+
+
 def test_to_hf_llama_from_python_takes_the_token_ids_export_writes(model_folder, tmp_path):
     src = model_folder(llama())
     written = loaded(export_run(src, tmp_path / "hf", format="hf"))
