@@ -34,6 +34,7 @@ from blockforge.errors import CorruptFolderError, DataError
 from blockforge.families.conversion import (
     ConversionError, TensorSource, check_same_outputs, probe_tokens, quiet_transformers, read_generation, read_source, rounded_to,
 )
+from blockforge.families.hf_compat import for_older_readers
 from blockforge.families.formats import DTYPES, ExportFormat, copy_records, front_matter, publish, staging
 from blockforge.families.hf_native import CLASSES, native_kind, to_hf
 from blockforge.families.llama_hf import TOKENIZER_FILES, from_hf_llama
@@ -127,6 +128,7 @@ def write(model: nn.Module, native_dir: Path, out_dir: Path, card: str, dtype: t
         with quiet_transformers():
             hf_model.to(dtype).save_pretrained(stage)
             tokenizer.save(stage)
+            for_older_readers(stage)  # read as this transformers reads it by 4.57 too (checked below with this one)
             copy_records(native_dir, stage)
             (stage / "README.md").write_text(card_front_matter(model.spec, source, native_dir) + card)
             verify(stage, model, type(hf_model), tokenizer, native_dir, generation, dtype)

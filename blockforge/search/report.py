@@ -372,8 +372,18 @@ def compute_section(found: Findings) -> str:
     rows = []
     for cell in found.cell_plans.values():
         trained = [r for r in found.records if r.cell == cell.cell and r.status in (Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.INTERRUPTED)]
-        # a promoted run continues its pruned exploration run: only the steps after it are its own
-        steps = sum(r.steps if r.stage == StageName.EXPLORE else r.steps - pruned_explored.get((r.cell, r.identity), 0) for r in trained)
+        # a promoted run continues its pruned exploration run, a length check's run the length before it: only the steps
+        # after those are its own
+        lengths = [plan.settings[cell.cell].steps, *plan.length_steps(cell.cell)] if not cell.target else []
+
+        def own_steps(r) -> int:
+            if r.stage == StageName.EXPLORE:
+                return r.steps
+            if r.stage == StageName.LENGTH:
+                return r.steps - max((n for n in lengths if n < r.steps), default=0)
+            return r.steps - pruned_explored.get((r.cell, r.identity), 0)
+
+        steps = sum(own_steps(r) for r in trained)
         per_step = cell.trial_flops / plan.settings[cell.cell].steps
         rows.append([cell.cell, cell.total_trials, f"{cell.total_flops:.3g}", len(trained), steps, f"{steps * per_step:.3g}",
                      f"{sum(r.wall_s for r in trained):,.0f}"])
