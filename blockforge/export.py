@@ -22,6 +22,7 @@ from torch import nn
 
 from blockforge.errors import BlockforgeError, CorruptFolderError
 from blockforge.families.conversion import GENERATION_FILE, SOURCE_FILE, read_source
+from blockforge.families.formats import FileNames
 from blockforge.io import atomic_write_json, atomic_write_text, read_json, writes_into
 from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
 from blockforge.spec.model import ResolvedSpec
@@ -96,9 +97,12 @@ def _load_other_format(folder: Path, device, attention: str | None) -> nn.Module
             if attention is not None:
                 spec = dataclasses.replace(spec, attention=attention)
             model = build_model(spec, device=device)
-            if tensors is None:  # held under blockforge's own names: checked by name, dtype and shape
-                expected = model_layout(build_model(spec, device="meta"))
-                apply_weights(model, read_tensors(folder / "model.safetensors", expected, fix=EXPORT_FIX, source=f"its {exporter.library} config"))
+            if tensors is None or isinstance(tensors, FileNames):  # held under blockforge's own names: checked by name, dtype and shape
+                names = tensors.names if tensors is not None else {}
+                expected = {names.get(name, name): shape for name, shape in model_layout(build_model(spec, device="meta")).items()}
+                found = read_tensors(folder / "model.safetensors", expected, fix=EXPORT_FIX, source=f"its {exporter.library} config")
+                ours = {theirs: name for name, theirs in names.items()}
+                apply_weights(model, {ours.get(name, name): tensor for name, tensor in found.tensors.items()})
             else:  # converted by the format: every tensor, tied ones under both names
                 with torch.no_grad():
                     model.load_state_dict(tensors, strict=True)

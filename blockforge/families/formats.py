@@ -36,9 +36,17 @@ class ExportFormat:
     # write(model, native export folder, out folder, card, dtype): dtype None is the format's default (float32, or a
     # converted model's source precision)
     write: Callable[[nn.Module, Path, Path, str, "torch.dtype | None"], None]
-    # read(folder) -> (resolved spec, weights by blockforge's names, or None when the folder's model.safetensors holds
-    # them so), for a folder this format wrote; None for any other folder (blockforge.load tries each format).
-    read: Callable[[Path], tuple[ResolvedSpec, dict | None] | None] | None = None
+    # read(folder) -> (resolved spec, weights by blockforge's names; or None when the folder's model.safetensors holds
+    # them so; or FileNames when it holds them so but for a few names), for a folder this format wrote; None for any
+    # other folder (blockforge.load tries each format).
+    read: "Callable[[Path], tuple[ResolvedSpec, dict | FileNames | None] | None] | None" = None
+
+
+@dataclass(frozen=True)
+class FileNames:
+    """A weights file under blockforge's names but for these: blockforge's name -> the file's."""
+
+    names: dict[str, str]
 
 
 @contextmanager

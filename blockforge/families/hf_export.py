@@ -35,7 +35,7 @@ from blockforge.families.conversion import (
     ConversionError, TensorSource, check_same_outputs, probe_tokens, quiet_transformers, read_generation, read_source, rounded_to,
 )
 from blockforge.families.hf_compat import for_older_readers
-from blockforge.families.formats import DTYPES, ExportFormat, copy_records, front_matter, publish, staging
+from blockforge.families.formats import DTYPES, ExportFormat, FileNames, copy_records, front_matter, publish, staging
 from blockforge.families.hf_native import CLASSES, native_kind, to_hf
 from blockforge.families.llama_hf import TOKENIZER_FILES, from_hf_llama
 from blockforge.io import read_json
@@ -51,10 +51,13 @@ from blockforge.spec.serialize import spec_from_yaml, spec_to_yaml
 TOLERANCE = 1e-5  # an export computes what blockforge.load computes
 REMOTE_DIR = Path(__file__).parent / "hf_remote"  # the files shipped into a remote-code export
 REMOTE_FILES = ("configuration_blockforge.py", "modeling_blockforge.py")
-AUTO_MAP = {
+AUTO_MAP = {  # the base model before the head model: vLLM's Transformers backend builds the first AutoModel entry
     "AutoConfig": "configuration_blockforge.BlockforgeLlamaConfig",
+    "AutoModel": "modeling_blockforge.BlockforgeModel",
     "AutoModelForCausalLM": "modeling_blockforge.BlockforgeForCausalLM",
 }
+# The modeling file's names that differ from blockforge's (the head is `lm_head`, where serving engines look for it).
+REMOTE_NAMES = {"lm_head.weight": "head.weight"}
 REMOTE_NORMS = ("rmsnorm", "layernorm", "dyt")  # what the modeling file holds
 REMOTE_MODEL_TYPE = "blockforge_llama"  # configuration_blockforge.BlockforgeLlamaConfig.model_type
 # Texts a carried-over tokenizer must encode as the model's own does: scripts, digits, spacing, code, markup.
@@ -172,7 +175,15 @@ def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
                                  "blockforge spec is unknown; load it with transformers, or export the run again")
     if config["model_type"] == REMOTE_MODEL_TYPE:
         _check_remote_config(config_path, config, spec)
-        return spec, None
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(folder / "model.safetensors"), "pt") as f:
+                held = set(f.keys())
+        except Exception:  # noqa: BLE001 (a damaged file: blockforge.load's reader says so in one sentence)
+            held = set()
+        # folders written before the head was named lm_head hold blockforge's names throughout
+        return spec, None if "head.weight" in held else FileNames({ours: theirs for theirs, ours in REMOTE_NAMES.items()})
     from blockforge.families.hf_native import computes
     from blockforge.families.llama_hf import load_hf_folder
 
@@ -284,7 +295,7 @@ def remote_llama(model: nn.Module, ids: TokenIds, generation: dict | None = None
     targets = dict(hf_model.named_parameters(remove_duplicate=False))
     targets.update(hf_model.named_buffers(remove_duplicate=False))
     for name, tensor in targets.items():
-        source.copy_into(tensor, name)
+        source.copy_into(tensor, REMOTE_NAMES.get(name, name))
     source.finish()
     from transformers import GenerationConfig
 

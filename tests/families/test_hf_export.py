@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaForCausalLM, pipeline
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaForCausalLM, pipeline
 
 import blockforge
 from blockforge.cli import main
@@ -80,10 +80,15 @@ def test_every_other_llama_loads_with_its_modeling_file(model_folder, tmp_path, 
     ours = blockforge.load(src)
     assert [layer["placement"] for layer in model.config.layers] == [layer.placement for layer in ours.spec.layers]
     assert [(layer["heads"], layer["ffn"]) for layer in model.config.layers] == [(layer.heads, layer.ffn) for layer in ours.spec.layers]
-    # blockforge's own parameter names, so the weights loaded without renaming
-    assert set(model.state_dict()) == set(ours.state_dict())
+    # blockforge's own parameter names, but for the head, which is where serving engines look for it
+    assert set(model.state_dict()) == set(ours.state_dict()) - {"head.weight"} | {"lm_head.weight"}
     if spec.tie_embeddings:
-        assert model.head.weight is model.embed.weight and "head.weight" not in load_file(out / "model.safetensors")
+        assert model.lm_head.weight is model.embed.weight and "lm_head.weight" not in load_file(out / "model.safetensors")
+    base = AutoModel.from_pretrained(out, trust_remote_code=True).eval()  # the layer stack alone, as vLLM builds it
+    assert type(base).__name__ == "BlockforgeModel"
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(base(tokens).last_hidden_state, model(tokens, output_hidden_states=True).hidden_states[-1])
     assert largest_difference(model, src) <= TOL
 
 
@@ -102,7 +107,7 @@ def test_the_modeling_files_import_only_torch_and_transformers():
         tree = ast.parse((hf_export.REMOTE_DIR / name).read_text())
         modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
-        assert modules <= {"__future__", "torch", "transformers"}, (name, modules)
+        assert modules <= {"__future__", "inspect", "torch", "transformers"}, (name, modules)
 
 
 def test_the_tokenizer_and_the_config_agree_on_special_ids(model_folder, tmp_path, bpe):

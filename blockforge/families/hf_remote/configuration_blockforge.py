@@ -15,7 +15,12 @@ from the first one given in `per_layer_config`, so a static cache is shaped per 
 
 from __future__ import annotations
 
-from transformers import PreTrainedConfig
+try:
+    from transformers import PreTrainedConfig  # transformers 5: a dataclass, finished in __post_init__
+    DATACLASS_CONFIG = True
+except ImportError:  # transformers 4.x: the older name, built by __init__
+    from transformers import PretrainedConfig as PreTrainedConfig
+    DATACLASS_CONFIG = False
 
 NORMS = ("rmsnorm", "layernorm", "dyt")
 SLOTS = ("in_norm", "branch_norm", "out_norm")
@@ -64,8 +69,35 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     head_dim: int | None = None
+    # derived too, for serving engines that apply them outside the model (vLLM): the logits' scale, then their cap
+    # (c / scale, so that scale * cap * tanh(z / cap) is c * tanh(scale * z / c)), and the scores' cap when every layer has it
+    logit_scale: float | None = None
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+
+    if not DATACLASS_CONFIG:
+
+        def __init__(self, **kwargs):
+            for name in FIELDS:
+                if name in kwargs:
+                    setattr(self, name, kwargs.pop(name))
+            kwargs.setdefault("tie_word_embeddings", self.tie_word_embeddings if self.tie_word_embeddings is not None else False)
+            for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                kwargs.setdefault(name, getattr(self, name))
+            self._finish(kwargs)
+            windows = {layer["window"] for layer in self.layers} - {None}
+            if len(windows) > 1:
+                raise ValueError(f"this model's layers have {len(windows)} different sliding windows ({sorted(windows)}), which transformers "
+                                 "4.x masks as one; load it with transformers 5")
+            kwargs.pop("per_layer_config", None)
+            super().__init__(**kwargs)
 
     def __post_init__(self, **kwargs):
+        self._finish(kwargs)
+        super().__post_init__(**kwargs)
+
+    def _finish(self, kwargs: dict) -> None:
+        """Check `layers` and derive transformers' per-layer attributes from them (into `kwargs`: per_layer_config)."""
         self.layers = [dict(layer) for layer in self.layers or []]
         if self.num_hidden_layers is not None and self.num_hidden_layers != len(self.layers):
             raise ValueError(f"num_hidden_layers is {self.num_hidden_layers} but {len(self.layers)} layers are listed")
@@ -74,10 +106,13 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
         if self.layers:  # an empty configuration (the defaults transformers compares against) describes no model
             self._check()
             kwargs["per_layer_config"] = self._derive()
-        super().__post_init__(**kwargs)
 
     def _derive(self) -> dict | None:
         """Set transformers' per-layer attributes from `layers`; the layers that differ from the first, by index."""
+        self.logit_scale = self.readout_multiplier
+        self.final_logit_softcapping = self.logit_softcap / self.readout_multiplier if self.logit_softcap is not None else None
+        caps = {layer.get("attn_logit_softcap") for layer in self.layers}
+        self.attn_logit_softcapping = caps.pop() if len(caps) == 1 else None
         windows = [layer["window"] for layer in self.layers]
         self.layer_types = ["sliding_attention" if window is not None else "full_attention" for window in windows]
         first_window = next((window for window in windows if window is not None), None)
@@ -119,5 +154,8 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
                 if set(layer[name]) != SUBLAYER_KEYS:
                     raise ValueError(f"layers[{index}].{name} has keys {sorted(layer[name])}; expected {sorted(SUBLAYER_KEYS)}")
 
+
+# the fields above, for transformers 4.x's __init__
+FIELDS = [name for name in BlockforgeLlamaConfig.__annotations__ if not name.startswith("_")]
 
 __all__ = ["BlockforgeLlamaConfig"]

@@ -27,6 +27,8 @@ name: `LoraConfig(target_modules=["qkv", "proj", "gate_up", "down"])`.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,11 +36,15 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_blockforge import BlockforgeLlamaConfig
 
+# What this transformers release calls a model output's cache, and create_causal_mask's parameters (they changed
+# between 4.57 and 5.x).
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+MASK_PARAMETERS = set(inspect.signature(create_causal_mask).parameters)
 Rope = dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]]  # (head size, theta, linear factor) -> (cos, sin), each (B, 1, T, hs / 2)
 Masks = dict[int | None, object]  # sliding window (None: global) -> the mask transformers built for it (a tensor, a BlockMask or None)
 
@@ -54,10 +60,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        gain = self.weight.to(wide.dtype)
-        if self.offset != 0.0:
-            gain = gain + self.offset
-        return F.rms_norm(wide, (x.shape[-1],), weight=gain, eps=self.eps).to(x.dtype)
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset != 0.0:  # written out, so a serving engine that swaps in its own RMSNorm sees the offset
+            return (normed * (self.offset + self.weight.to(wide.dtype))).to(x.dtype)
+        return (normed * self.weight.to(wide.dtype)).to(x.dtype)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -150,31 +156,31 @@ class Attention(nn.Module):
         super().__init__()
         width, eps, offset = config.hidden_size, config.norm_eps, config.norm_weight_offset
         self.config = config  # the attention interface reads its implementation from here
-        self.heads, self.kv_heads, self.head_size = layer["heads"], layer["kv_heads"], layer["head_dim"]
+        self.heads, self.kv_heads, self.head_dim = layer["heads"], layer["kv_heads"], layer["head_dim"]
         self.num_key_value_groups = self.heads // self.kv_heads
         self.sliding_window = layer["window"]  # a causal sliding window of this many positions; None: global
         scale = layer.get("attention_scale")  # the scores' scale; None: 1/sqrt(head_dim)
-        self.scaling = scale if scale is not None else self.head_size ** -0.5
+        self.scaling = scale if scale is not None else self.head_dim ** -0.5
         theta = layer.get("rope_theta") or config.rope_theta
         # (head size, theta, linear factor: positions divided by it); None: no RoPE here (NoPE)
-        self.rope_key = (self.head_size, theta, layer.get("rope_linear_factor") or 1.0) if layer.get("rope", True) else None
+        self.rope_key = (self.head_dim, theta, layer.get("rope_linear_factor") or 1.0) if layer.get("rope", True) else None
         self.qk_norm_over = layer.get("qk_norm_over", "head")  # per head, or over the whole projection (OLMo 2)
         self.softcap = layer.get("attn_logit_softcap")  # scores c * tanh(scores / c) (Gemma 2)
         self.layer_idx = layer_index  # its place in the cache
-        self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_size, bias=layer["qkv_bias"])
-        self.proj = nn.Linear(self.heads * self.head_size, width, bias=layer["proj_bias"])
+        self.qkv = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=layer["qkv_bias"])
+        self.proj = nn.Linear(self.heads * self.head_dim, width, bias=layer["proj_bias"])
 
         def head_norm(present: bool, size: int) -> nn.Module | None:
             return NORMS[layer["norm"]](size, eps, offset) if present else None
 
         whole = self.qk_norm_over == "projection"
-        self.q_norm = head_norm(layer["qk_norm"], self.heads * self.head_size if whole else self.head_size)
-        self.k_norm = head_norm(layer["qk_norm"], self.kv_heads * self.head_size if whole else self.head_size)
-        self.v_norm = head_norm(layer["v_norm"], self.head_size)
+        self.q_norm = head_norm(layer["qk_norm"], self.heads * self.head_dim if whole else self.head_dim)
+        self.k_norm = head_norm(layer["qk_norm"], self.kv_heads * self.head_dim if whole else self.head_dim)
+        self.v_norm = head_norm(layer["v_norm"], self.head_dim)
 
     def forward(self, x: torch.Tensor, rope: Rope, masks: Masks, cache, output_attentions: bool = False, **kwargs):
         B, T, _ = x.shape
-        hs = self.head_size
+        hs = self.head_dim
         q, k, v = self.qkv(x).split([self.heads * hs, self.kv_heads * hs, self.kv_heads * hs], dim=-1)
         if self.q_norm is not None and self.qk_norm_over == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -190,13 +196,17 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # a sliding layer's cache returns its window and this input
         implementation = self.config._attn_implementation or "eager"
-        eager = implementation == "eager" or output_attentions or (self.softcap is not None and implementation == "sdpa")
-        if eager and implementation not in ("eager", "sdpa"):
-            raise ValueError(f"output_attentions needs attn_implementation 'eager' or 'sdpa', not '{implementation}'")
-        attend = eager_attention if eager else ALL_ATTENTION_FUNCTIONS[implementation]
+        if output_attentions or (self.softcap is not None and implementation == "sdpa"):
+            if implementation not in ("eager", "sdpa"):
+                raise ValueError(f"output_attentions needs attn_implementation 'eager' or 'sdpa', not '{implementation}'")
+            implementation = "eager"  # weights to return, or scores to cap: written out
+        # One plain assignment from the interface and one call: what vLLM's Transformers backend looks for in this source.
+        attention_interface = eager_attention
+        if implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS[implementation]
         extra = {"softcap": self.softcap} if self.softcap is not None else {}
-        y, weights = attend(self, q, k, v, masks[self.sliding_window], dropout=0.0, scaling=self.scaling,
-                            sliding_window=self.sliding_window, **extra, **kwargs)
+        y, weights = attention_interface(self, q, k, v, masks.get(self.sliding_window), dropout=0.0, scaling=self.scaling,
+                                         sliding_window=self.sliding_window, **extra, **kwargs)
         return self.proj(y.reshape(B, T, self.heads * hs)), weights
 
 
@@ -269,7 +279,7 @@ class Block(GradientCheckpointingLayer):
         return self.mlp(x)[0], weights
 
 
-class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
+class BlockforgePreTrainedModel(PreTrainedModel):
     config_class = BlockforgeLlamaConfig
     base_model_prefix = "blockforge"  # no base-model submodule: the blocks sit at the top, under blockforge's names
     main_input_name = "input_ids"
@@ -279,32 +289,30 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _tied_weights_keys = {"head.weight": "embed.weight"}  # applies when config.tie_word_embeddings
+
+
+class BlockforgeModel(BlockforgePreTrainedModel):
+    """The layer stack without the head (`AutoModel`): hidden states after the final norm. vLLM's Transformers backend
+    builds this class and puts its own head on top."""
 
     def __init__(self, config: BlockforgeLlamaConfig):
         super().__init__(config)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, index) for index in range(len(config.layers)))
         self.final_norm = NORMS[config.norm](config.hidden_size, config.norm_eps, config.norm_weight_offset) if config.final_norm else nn.Identity()
-        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_keys = {block.attn.branch.rope_key for block in self.layers} - {None}
         # one layer of each window (None: global): the cache layer transformers sizes that window's mask by
         self.window_layers = {}
         for index, layer in enumerate(config.layers):
             self.window_layers.setdefault(layer["window"], index)
-        self.post_init()
+        if type(self) is BlockforgeModel:
+            self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.head = value
 
     def _masks(self, x: torch.Tensor, attention_mask, cache, position_ids: torch.Tensor) -> Masks:
         """Each window's mask, built by transformers for the configured attention implementation (or given: a dict
@@ -313,15 +321,14 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
             return attention_mask
         masks = {}
         for window, index in self.window_layers.items():
-            layer_config = self.config.per_layer_config[index] if self.config.is_heterogeneous else self.config
+            layer_config = self.config.per_layer_config[index] if getattr(self.config, "is_heterogeneous", False) else self.config
             build = create_causal_mask if window is None else create_sliding_window_causal_mask
-            masks[window] = build(config=layer_config, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
-                                  position_ids=position_ids, layer_idx=index)
+            masks[window] = build(**_mask_arguments(layer_config, x, attention_mask, cache, position_ids, index))
         return masks
 
-    def create_masks_for_generate(self, config, inputs_embeds: torch.Tensor, attention_mask, cache, position_ids, **kwargs) -> Masks:
+    def create_masks_for_generate(self, config, inputs_embeds: torch.Tensor, attention_mask, cache=None, position_ids=None, **kwargs) -> Masks:
         """The masks `generate` builds once per step for a static cache: one per window, as forward builds them."""
-        return self._masks(inputs_embeds, attention_mask, cache, position_ids)
+        return self._masks(inputs_embeds, attention_mask, cache if cache is not None else kwargs.get("past_key_values"), position_ids)
 
     def forward(
         self,
@@ -330,26 +337,23 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         position_ids: torch.LongTensor | None = None,
         cache=None,
         inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
         past_key_values=None,
         **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
-        """Logits (B, T, vocab) of the next token at every position (the last `logits_to_keep` if set).
+    ) -> BaseModelOutputWithPast | tuple:
+        """Hidden states (B, T, C) after the final norm.
 
         `cache` (a transformers Cache, e.g. DynamicCache or StaticCache; `past_key_values` is its former name)
         holds the keys and values of earlier positions. `hidden_states`, when asked for, are the embeddings, the
         output of every block but the last, and the last one after the final norm (transformers' convention);
         `attentions` each layer's attention weights.
         """
-        cache = self._one_cache(cache, past_key_values)
+        cache = _one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
-        num_items = kwargs.pop("num_items_in_batch", None)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if self.config.embed_scale != 1.0:  # Gemma's sqrt(width), Granite's embedding multiplier (inputs_embeds too: as the lookup)
             x = x * self.config.embed_scale
@@ -377,8 +381,51 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         normed = self.final_norm(x)
         if states is not None:
             states[-1] = normed
+        output = BaseModelOutputWithPast(last_hidden_state=normed, **{CACHE_FIELD: cache if use_cache else None},
+                                         hidden_states=tuple(states) if states is not None else None,
+                                         attentions=tuple(attentions) if attentions is not None else None)
+        return output if return_dict is not False else output.to_tuple()
+
+
+class BlockforgeForCausalLM(BlockforgeModel, GenerationMixin):
+    """The layer stack and its head (`AutoModelForCausalLM`), under the same parameter names as blockforge's model
+    (the head: `lm_head`)."""
+
+    _tied_weights_keys = {"lm_head.weight": "embed.weight"}  # applies when config.tie_word_embeddings
+
+    def __init__(self, config: BlockforgeLlamaConfig):
+        super().__init__(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """Logits (B, T, vocab) of the next token at every position (the last `logits_to_keep` if set)."""
+        num_items = kwargs.pop("num_items_in_batch", None)
+        out = super().forward(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, output_hidden_states,
+                              output_attentions, True, past_key_values, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.head(normed[:, keep])
+        logits = self.lm_head(out.last_hidden_state[:, keep])
         if self.config.readout_multiplier != 1.0:  # muP's 1/m, times a logit multiplier (Granite)
             logits = logits * self.config.readout_multiplier
         if self.config.logit_softcap is not None:  # Gemma 2
@@ -387,17 +434,29 @@ class BlockforgeForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             extra = {"num_items_in_batch": num_items} if num_items is not None else {}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **extra)
-        output = CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=tuple(states) if states is not None else None,
-            attentions=tuple(attentions) if attentions is not None else None,
-        )
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)},
+                                        hidden_states=out.hidden_states, attentions=out.attentions)
         return output if return_dict is not False else output.to_tuple()
 
-    @staticmethod
-    def _one_cache(cache, past_key_values):
-        if past_key_values is not None and cache is not None:
-            raise ValueError("give the cache as `cache` or as `past_key_values` (its former name), not both")
-        return cache if cache is not None else past_key_values
+
+def _mask_arguments(config, x: torch.Tensor, attention_mask, cache, position_ids: torch.Tensor, index: int) -> dict:
+    """create_causal_mask's arguments under the names this transformers release gives them (4.57: input_embeds,
+    cache_position and past_key_values; later 5.x: inputs_embeds, layer_idx and cache)."""
+    found = {"config": config, "attention_mask": attention_mask, "position_ids": position_ids}
+    found["inputs_embeds" if "inputs_embeds" in MASK_PARAMETERS else "input_embeds"] = x
+    found["cache" if "cache" in MASK_PARAMETERS else "past_key_values"] = cache
+    if "layer_idx" in MASK_PARAMETERS:
+        found["layer_idx"] = index
+    if "cache_position" in MASK_PARAMETERS:
+        past = cache.get_seq_length() if cache is not None else 0
+        found["cache_position"] = torch.arange(past, past + x.shape[1], device=x.device)
+    return found
 
 
-__all__ = ["BlockforgeForCausalLM"]
+def _one_cache(cache, past_key_values):
+    if past_key_values is not None and cache is not None:
+        raise ValueError("give the cache as `cache` or as `past_key_values` (its former name), not both")
+    return cache if cache is not None else past_key_values
+
+
+__all__ = ["BlockforgeModel", "BlockforgeForCausalLM"]
