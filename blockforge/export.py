@@ -384,6 +384,11 @@ def _front_matter(folder: Path) -> dict:
     return fields if isinstance(fields, dict) else {}
 
 
+def _public_name(name: str) -> str:
+    """`name` as a card may show it: a hub id as it is, a local path by its last part."""
+    return _hub_name(name) or Path(name.rstrip("/")).name if name else ""
+
+
 def _hub_name(name: str) -> str | None:
     """`name` when it looks like a hub id (org/model) rather than a local path."""
     parts = name.split("/")
@@ -448,7 +453,8 @@ def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: boo
         source = None
         if record is not None:
             source = {
-                "model_type": record["model_type"], "class": record.get("class"), "name_or_path": record.get("name_or_path"),
+                # a hub id as it is; a local folder by its name only (its path on this machine means nothing elsewhere)
+                "model_type": record["model_type"], "class": record.get("class"), "name_or_path": _public_name(record.get("name_or_path") or ""),
                 "base_model": base_model or card_fields.get("base_model") or _hub_name(record.get("name_or_path") or "") or None,
                 "license": license or card_fields.get("license"), "dtype": record.get("dtype", "float32"),
                 "token_ids": dict(getattr(model, "token_ids", None) or {}),

@@ -47,6 +47,11 @@ def test_a_converted_model_leaves_as_its_own_class_with_everything_around_it(nam
     prompt = tokens[:1, :8]
     assert torch.equal(exported.generate(prompt, max_new_tokens=12, do_sample=False),
                        source_model.generate(prompt, max_new_tokens=12, do_sample=False))
+    # nothing written names this machine's folders (the source was read from a local path)
+    for folder in (out, tmp_path / "native"):
+        for file in folder.rglob("*") if folder.is_dir() else ():
+            if file.suffix in (".json", ".md", ".yaml"):
+                assert str(tmp_path) not in file.read_text(), file
 
 
 def test_peft_finds_the_default_target_modules_of_an_exported_class(tmp_path):
