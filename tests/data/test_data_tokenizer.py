@@ -32,9 +32,11 @@ def test_bpe_roundtrip_and_special_ids(documents):
     assert tok.vocab_size == 300 and tok.eos_id == 0 and tok.pad_id == 1
     ids = tok.encode(SAMPLE)
     assert tok.decode(ids) == SAMPLE  # byte level: any text survives
-    assert tok.eos_id not in ids  # special-token text in a document is ordinary text
+    assert tok.eos_id in ids  # a prompt: special-token text is the special token, as the exported tokenizer reads it
     (encoded,) = tok.encode_documents([SAMPLE])
-    assert encoded.tolist() == ids + [tok.eos_id]
+    document = encoded.tolist()
+    assert tok.eos_id not in document[:-1] and document[-1] == tok.eos_id  # a document: it is ordinary text
+    assert tok.decode(document[:-1]) == SAMPLE
 
 
 def test_save_and_load_give_identical_encodings(documents, tmp_path):
