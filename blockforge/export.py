@@ -225,11 +225,11 @@ def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
 
 def _remove_abandoned(out: Path) -> None:
     """Remove what an export into `out` killed before it finished left beside it (.NAME.partial-PID-*, its process gone)."""
-    from blockforge.train.lock import _alive
+    from blockforge.train.lock import process_alive
 
     for leftover in out.parent.glob(f".{out.name}.partial-*") if out.parent.is_dir() else ():
         pid = leftover.name.rsplit(".partial-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -386,7 +386,9 @@ def _front_matter(folder: Path) -> dict:
 
 def _public_name(name: str) -> str:
     """`name` as a card may show it: a hub id as it is, a local path by its last part."""
-    return _hub_name(name) or Path(name.rstrip("/")).name if name else ""
+    if not name:
+        return ""
+    return _hub_name(name) or Path(name.rstrip("/")).name
 
 
 def _hub_name(name: str) -> str | None:

@@ -179,17 +179,22 @@ def check_generation(path: Path, fix: str) -> dict:
         value = data.get(key)
         if value is None:
             continue
-        ok = {"ids": lambda v: _whole(v) or (isinstance(v, list) and all(_whole(x) for x in v)),
-              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "int": _whole, "bool": lambda v: isinstance(v, bool)}[kind](value)
-        if not ok:
-            wanted = {"ids": "a token id or a list of them", "number": "a number", "int": "a whole number", "bool": "true or false"}[kind]
+        holds, wanted = _KIND_CHECKS[kind]
+        if not holds(value):
             raise CorruptFolderError(f"{path}: {key} is {value!r}, not {wanted}; {fix}")
     return data
 
 
 def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_KIND_CHECKS = {  # kind -> (what holds it, how a message names it)
+    "ids": (lambda v: _whole(v) or (isinstance(v, list) and all(_whole(x) for x in v)), "a token id or a list of them"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "int": (_whole, "a whole number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
 
 
 def read_generation(folder: Path) -> dict:

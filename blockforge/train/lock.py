@@ -22,7 +22,7 @@ LOCK_NAME = "run.lock"
 _HELD: dict[Path, "RunLock"] = {}  # the locks this process holds, by resolved path
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -96,7 +96,7 @@ class RunLock:
     def _stale(owner: dict) -> bool:
         """Whether a lock file's owner is known to be gone (this host, no such process)."""
         pid = owner.get("pid")
-        return owner.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid)
+        return owner.get("host") == socket.gethostname() and isinstance(pid, int) and not process_alive(pid)
 
     def release(self) -> None:
         if self.fd is None:

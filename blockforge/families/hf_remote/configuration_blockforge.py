@@ -84,28 +84,28 @@ class BlockforgeLlamaConfig(PreTrainedConfig):
             kwargs.setdefault("tie_word_embeddings", self.tie_word_embeddings if self.tie_word_embeddings is not None else False)
             for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
                 kwargs.setdefault(name, getattr(self, name))
-            self._finish(kwargs)
+            kwargs.pop("per_layer_config", None)  # 5.x's, which 4.x does not read
+            self._finish()
             windows = {layer["window"] for layer in self.layers} - {None}
             if len(windows) > 1:
                 raise ValueError(f"this model's layers have {len(windows)} different sliding windows ({sorted(windows)}), which transformers "
                                  "4.x masks as one; load it with transformers 5")
-            kwargs.pop("per_layer_config", None)
             super().__init__(**kwargs)
 
     def __post_init__(self, **kwargs):
-        self._finish(kwargs)
-        super().__post_init__(**kwargs)
+        kwargs.pop("per_layer_config", None)  # derived from `layers`, never taken from a file
+        super().__post_init__(**kwargs, **self._finish())
 
-    def _finish(self, kwargs: dict) -> None:
-        """Check `layers` and derive transformers' per-layer attributes from them (into `kwargs`: per_layer_config)."""
+    def _finish(self) -> dict:
+        """Check `layers` and derive transformers' per-layer attributes from them; returns the per_layer_config 5.x takes."""
         self.layers = [dict(layer) for layer in self.layers or []]
         if self.num_hidden_layers is not None and self.num_hidden_layers != len(self.layers):
             raise ValueError(f"num_hidden_layers is {self.num_hidden_layers} but {len(self.layers)} layers are listed")
         self.num_hidden_layers = len(self.layers)
-        kwargs.pop("per_layer_config", None)  # derived below, never taken from a file
-        if self.layers:  # an empty configuration (the defaults transformers compares against) describes no model
-            self._check()
-            kwargs["per_layer_config"] = self._derive()
+        if not self.layers:  # an empty configuration (the defaults transformers compares against) describes no model
+            return {}
+        self._check()
+        return {"per_layer_config": self._derive()}
 
     def _derive(self) -> dict | None:
         """Set transformers' per-layer attributes from `layers`; the layers that differ from the first, by index."""

@@ -422,8 +422,9 @@ class BlockforgeForCausalLM(BlockforgeModel, GenerationMixin):
     ) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, vocab) of the next token at every position (the last `logits_to_keep` if set)."""
         num_items = kwargs.pop("num_items_in_batch", None)
-        out = super().forward(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, output_hidden_states,
-                              output_attentions, True, past_key_values, **kwargs)
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                              inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                              output_attentions=output_attentions, return_dict=True, past_key_values=past_key_values, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(out.last_hidden_state[:, keep])
         if self.config.readout_multiplier != 1.0:  # muP's 1/m, times a logit multiplier (Granite)
