@@ -28,7 +28,7 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(BIN)/python -m pytest -m slow
 
-# Pythons without blockforge that the exports are served in (tests/families/test_served.py): vLLM's CPU build, which
+# Pythons without blockforge that the exports are served in (tests/families/test_served.py): llama.cpp, vLLM's CPU build, which
 # brings its own CPU torch (PyPI's torchvision/torchaudio builds do not load beside it and vLLM serves text without
 # them), and the oldest transformers the exports are written for.
 .venv-vllm/.installed:
@@ -37,16 +37,21 @@ test-slow: $(VENV)/.installed
 	.venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
+.venv-llamacpp/.installed:
+	$(PYTHON) -m venv .venv-llamacpp
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" .venv-llamacpp/bin/pip install --quiet llama-cpp-python==0.3.36   # builds llama.cpp (~15 min on two cores)
+	touch $@
+
 .venv-transformers4/.installed:
 	$(PYTHON) -m venv .venv-transformers4
 	.venv-transformers4/bin/pip install --quiet torch==2.14.1 transformers==4.57.6 safetensors tokenizers
 	touch $@
 
-serving-venvs: .venv-vllm/.installed .venv-transformers4/.installed
+serving-venvs: .venv-vllm/.installed .venv-llamacpp/.installed .venv-transformers4/.installed
 
 # The exports read by the oldest transformers they are written for (run by CI after the tests).
 test-readers: $(VENV)/.installed .venv-transformers4/.installed
 	$(BIN)/python -m pytest -m slow tests/families/test_served.py -k transformers_4
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-transformers4 runs
+	rm -rf $(VENV) .venv-vllm .venv-llamacpp .venv-transformers4 runs

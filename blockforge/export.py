@@ -316,7 +316,7 @@ EXPORT_DTYPES = ("fp32", "bf16", "fp16")
 # Other libraries' formats: the native export is written to a scratch folder, then converted by the
 # family's ExportFormat (families/formats.py), which verifies what it writes.
 
-EXPORT_FORMATS = ("blockforge", "hf", "timm")
+EXPORT_FORMATS = ("blockforge", "hf", "timm", "gguf")
 
 
 def export_format(format: str, spec: ResolvedSpec):

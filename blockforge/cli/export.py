@@ -15,10 +15,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar while retraining")
     p.add_argument("--pick", type=int, help="search folders with a cost axis: the front point N (as summary.md numbers them)")
     p.add_argument("--under", help="search folders with a cost axis: the best quality on the front within COST=X, e.g. kv_cache_bytes=65536")
-    p.add_argument("--format", choices=["blockforge", "hf", "timm"], default="blockforge",
-                   help="blockforge (read by blockforge.load), hf (transformers: a llama, with its tokenizer) or timm (a uniform Pre-LN vit)")
+    p.add_argument("--format", choices=["blockforge", "hf", "timm", "gguf"], default="blockforge",
+                   help="blockforge (read by blockforge.load), hf (transformers: a llama, with its tokenizer), timm (a uniform Pre-LN vit) "
+                        "or gguf (llama.cpp: a uniform Pre-LN llama with blockforge's BPE)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
-                   help="--format hf or timm: the weights' precision (default fp32, or a converted model's source precision)")
+                   help="--format hf, timm or gguf: the weights' precision (default fp32, or a converted model's source precision; gguf: fp32 or fp16)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a non-empty --out is refused without it)")
     p.set_defaults(func=run)
 

@@ -451,7 +451,7 @@ def usage(spec: ResolvedSpec, native_dir: Path) -> str:
     if kind is not None:
         name = CLASSES[kind][1]
         kind_text = (f"transformers' own `{name}` (module names and all), so it runs wherever that class does: vLLM, TGI, peft, and "
-                     "llama.cpp's GGUF converter where it knows the tokenizer (it does not know blockforge's own BPE)")
+                     "llama.cpp's GGUF converter where it knows the tokenizer (for blockforge's own BPE: `blockforge export --format gguf`)")
         if kind == "llama":
             kind_text += " (query and key rows permuted to transformers' RoPE layout)"
         peft = ""

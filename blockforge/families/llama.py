@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from blockforge.families.gguf_export import GGUF_FORMAT
 from blockforge.families.hf_export import HF_FORMAT
 from blockforge.families.hf_native import to_hf
 from blockforge.families.llama_hf import from_hf_llama
@@ -38,5 +39,5 @@ LLAMA = register_family(Family(
     name="llama", default_norm="rmsnorm", data_kind="text", required=("vocab", "context"),
     unused=("image_size", "patch_size", "classes"), metrics=("val_loss", "val_ppl"), sample_unit="tok",
     check_layer=check_layer, build=Llama, loss=lm_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
-    converters={"from_hf": from_hf_llama, "to_hf": to_hf}, exports={"hf": HF_FORMAT},
+    converters={"from_hf": from_hf_llama, "to_hf": to_hf}, exports={"hf": HF_FORMAT, "gguf": GGUF_FORMAT},
 ))

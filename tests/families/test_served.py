@@ -3,11 +3,14 @@
 - vLLM (CPU build, float32, its Transformers backend): Mix-LN exports (remote code) give transformers' greedy tokens,
   and the chosen tokens' log-probs within 1e-4, plain, with a local:global window pattern, and with grouped-query
   attention.
+- llama.cpp (llama-cpp-python): a Pre-LN export with --format gguf tokenizes texts (special-token text included) as the
+  transformers export does, gives its greedy tokens, and its logits within 1e-4 with a float32 KV cache.
 - transformers 4.57, the oldest release the exports are written for: every open design's export and the Mix-LN
   exports load as the same class and give the logits and token ids that transformers 5 gives.
 
-The engines' Pythons are made by `make serving-venvs` (.venv-vllm, .venv-transformers4); a test whose Python is missing
-is skipped with that command. BLOCKFORGE_VLLM_PYTHON / BLOCKFORGE_TRANSFORMERS4_PYTHON name others.
+The engines' Pythons are made by `make serving-venvs` (.venv-vllm, .venv-llamacpp, .venv-transformers4); a test whose
+Python is missing is skipped with that command. BLOCKFORGE_VLLM_PYTHON / BLOCKFORGE_LLAMA_CPP_PYTHON /
+BLOCKFORGE_TRANSFORMERS4_PYTHON name others.
 """
 
 import json
@@ -84,6 +87,29 @@ def test_mix_ln_exports_serve_in_vllm_as_transformers_runs_them(model_folder, tm
             assert theirs["ids"] == ours["ids"], (name, ours, theirs)
             gap = max(abs(a - b) for a, b in zip(ours["logprobs"], theirs["logprobs"]))
             assert gap <= 1e-4, (name, gap)
+
+
+GGUF_TEXTS = ("The model", " leading space", "line one\nline two", "naïve café 日本 🙂", "<|endoftext|>inside<|endoftext|> text",
+              "Numbers 3.14, -42.", "  two  spaces", "<|pad|>")
+
+
+@pytest.mark.slow
+def test_a_pre_ln_export_runs_in_llama_cpp_as_transformers_runs_it(model_folder, tmp_path):
+    python = engine_python("BLOCKFORGE_LLAMA_CPP_PYTHON", ".venv-llamacpp")
+    spec = ModelSpec(family="llama", width=64, depth=4, heads=4, kv_heads=2, ffn=128, vocab=320, context=64)
+    src = model_folder(spec)
+    gguf_file = export_run(src, tmp_path / "gguf", format="gguf") / "model.gguf"
+    hf = export_run(src, tmp_path / "hf", format="hf")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(hf).eval(), AutoTokenizer.from_pretrained(hf)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [[0, *torch.randint(2, VOCAB, (n,), generator=generator).tolist()] for n in (4, 11, 19)]
+    (tmp_path / "request.json").write_text(json.dumps({"texts": GGUF_TEXTS, "prompts": prompts, "new": 16}))
+    served = json.loads(run_in(python, str(HERE.parent / "serving" / "llama_cpp_generate.py"), str(gguf_file), str(tmp_path / "request.json")))
+    assert served["texts"] == [tokenizer(text).input_ids for text in GGUF_TEXTS]
+    for prompt, greedy, logits in zip(prompts, served["greedy"], served["logits"]):
+        with torch.no_grad():
+            assert greedy == model.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+            assert (model(torch.tensor([prompt])).logits[0] - torch.tensor(logits)).abs().max().item() <= 1e-4
 
 
 READ = r'''
