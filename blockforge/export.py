@@ -259,10 +259,11 @@ def export_folder(out: str | os.PathLike, *, force: bool = False, run_dir: str |
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_card: str = "", force: bool = False,
-               format: str = "blockforge", dtype: str | None = None) -> Path:
+               format: str = "blockforge", dtype: str | None = None, target: str | None = None) -> Path:
     """Write the run's latest weights and records (or a model folder's: a converted model's too) into `out_dir` as an
     exported model in `format` (see EXPORT_FORMATS), its weights at `dtype` (fp32, bf16 or fp16; other libraries'
-    formats only; default float32, or a converted model's source precision); `force` replaces an earlier export there."""
+    formats only; default float32, or a converted model's source precision); `force` replaces an earlier export there;
+    `target` (vllm) refuses first what that serving engine cannot run."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "spec.yaml").exists():
         raise BlockforgeError(f"{run_dir}: not a run folder (spec.yaml is missing); give the folder `blockforge train --out` wrote")
@@ -270,8 +271,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_
         raise BlockforgeError(f"{out_dir}: export into a new folder, not the run folder itself")
     torch_dtype = export_dtype(dtype, format)
     _replaceable(out_dir, force, run_dir)
-    if format != "blockforge":
-        exporter = export_format(format, load_spec(run_dir / "spec.yaml"))
+    if format != "blockforge" or target is not None:
+        exporter = export_format(format, load_spec(run_dir / "spec.yaml"), target)
         with export_folder(out_dir, force=force, run_dir=run_dir) as stage:
             _convert_into(run_dir, stage, exporter, extra_card, torch_dtype)
         return out_dir
@@ -319,8 +320,9 @@ EXPORT_DTYPES = ("fp32", "bf16", "fp16")
 EXPORT_FORMATS = ("blockforge", "hf", "timm", "gguf")
 
 
-def export_format(format: str, spec: ResolvedSpec):
-    """The family's ExportFormat for `format`, after it accepted `spec`; refused in one sentence otherwise."""
+def export_format(format: str, spec: ResolvedSpec, target: str | None = None):
+    """The family's ExportFormat for `format`, after it accepted `spec` (and, with `target`, that serving engine did);
+    refused in one sentence otherwise."""
     from blockforge.errors import unknown_choice_message
     from blockforge.spec.family import FAMILIES
 
@@ -333,14 +335,41 @@ def export_format(format: str, spec: ResolvedSpec):
             f"--format {format} exports {' and '.join(offered) or 'no'} models, and this is a {spec.family} model; "
             "export it with --format blockforge, which blockforge.load reads"
         )
+    if target is not None:
+        check_target(target, format, spec)
     exporter.check(spec)
     return exporter
 
 
-def check_export_format(format: str, spec: ResolvedSpec) -> None:
-    """Refuse `format` for `spec` before any training or writing (search exports call it before a retrain)."""
-    if format != "blockforge":
-        export_format(format, spec)
+# Serving engines an export can be checked for (--target): the format each reads, and what it cannot run of a spec.
+def _vllm_problems(spec: ResolvedSpec) -> list[str]:
+    from blockforge.families.hf_export import vllm_problems
+
+    return vllm_problems(spec)
+
+
+EXPORT_TARGETS = {"vllm": ("hf", _vllm_problems)}
+
+
+def check_target(target: str, format: str, spec: ResolvedSpec) -> None:
+    """Refuse, by name, what serving engine `target` cannot run of `spec` in `format`."""
+    from blockforge.errors import unknown_choice_message
+
+    if target not in EXPORT_TARGETS:
+        raise BlockforgeError(f"--target: {unknown_choice_message(target, tuple(EXPORT_TARGETS))}")
+    reads, problems = EXPORT_TARGETS[target]
+    if format != reads:
+        raise BlockforgeError(f"--target {target} serves --format {reads} exports; give --format {reads}")
+    found = problems(spec)
+    if found:
+        raise BlockforgeError(f"--target {target}: {target} cannot run this model as exported: {'; '.join(found)}; export it without "
+                              f"--target to serve it with transformers")
+
+
+def check_export_format(format: str, spec: ResolvedSpec, target: str | None = None) -> None:
+    """Refuse `format` (and `target`) for `spec` before any training or writing (search exports call it before a retrain)."""
+    if format != "blockforge" or target is not None:
+        export_format(format, spec, target)
 
 
 def _run_records(run_dir: Path) -> tuple[dict, dict, dict]:

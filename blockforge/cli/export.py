@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
                         "or gguf (llama.cpp: a uniform Pre-LN llama with blockforge's BPE)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
                    help="--format hf, timm or gguf: the weights' precision (default fp32, or a converted model's source precision; gguf: fp32 or fp16)")
+    p.add_argument("--target", choices=["vllm"],
+                   help="--format hf: refuse, by name, what that serving engine cannot run (vllm: several window sizes, score soft-caps in "
+                        "some layers only, norm gains offset other than 0 or 1)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a non-empty --out is refused without it)")
     p.set_defaults(func=run)
 
@@ -61,10 +64,11 @@ def _export(args: argparse.Namespace, source, out: Path) -> None:
 
         with export_folder(out, force=args.force, run_dir=Path(args.source) if source.local else None) as stage:  # checked before any retraining
             export_best(args.source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format,
-                        pick=args.pick, under=args.under, dtype=args.dtype)
+                        pick=args.pick, under=args.under, dtype=args.dtype, target=args.target)
         return
     if args.cell or args.retrain or args.pick is not None or args.under:
         raise BlockforgeError(f"{source}: --cell, --retrain, --pick and --under apply to a search folder, and this is not one (no search.json)")
     from blockforge.storage import fetch_folder
 
-    export_run(Path(args.source) if source.local else fetch_folder(source), out, force=args.force, format=args.format, dtype=args.dtype)
+    export_run(Path(args.source) if source.local else fetch_folder(source), out, force=args.force, format=args.format, dtype=args.dtype,
+               target=args.target)

@@ -107,6 +107,24 @@ def check(spec: ResolvedSpec) -> None:
         )
 
 
+def vllm_problems(spec: ResolvedSpec) -> list[str]:
+    """What vLLM's Transformers backend cannot run of `spec`'s remote-code export (empty for a class of transformers' own,
+    which vLLM implements itself): it gives every sliding layer one window, every layer one score cap, and fuses RMSNorm
+    with a gain offset of 0 or 1 only."""
+    if native_kind(spec) is not None:
+        return []
+    found = []
+    windows = sorted({layer.window for layer in spec.layers} - {None})
+    if len(windows) > 1:
+        found.append(f"its sliding layers use {len(windows)} window sizes ({', '.join(map(str, windows))})")
+    caps = {layer.attn_logit_softcap for layer in spec.layers}
+    if len(caps) > 1:
+        found.append("its attention scores are soft-capped in some layers only, or at different values")
+    if spec.norm_weight_offset not in (0.0, 1.0):
+        found.append(f"its RMSNorm gains are {spec.norm_weight_offset:g} + w")
+    return found
+
+
 def plain(spec: ResolvedSpec, prefer: str | None = None) -> bool:
     """Whether the export is a class of transformers' own (else it ships its modeling file)."""
     return native_kind(spec, prefer) is not None

@@ -89,7 +89,7 @@ def _card_search_section(plan, evidence, name: str, chosen, point, number: int |
 
 def export_best(
     search: str | Path, out: str | Path, *, cell: str | None = None, retrain: bool = False, progress: bool = True, format: str = "blockforge",
-    pick: int | None = None, under: str | None = None, dtype: str | None = None,
+    pick: int | None = None, under: str | None = None, dtype: str | None = None, target: str | None = None,
 ) -> Path:
     """Export cell `cell`'s winner (the best mean over its replicates after confirmation, its base-seed run), or with a
     cost axis the front point `pick` or the best within `under`, in `format`. `search`: the search folder, or its URI
@@ -124,7 +124,7 @@ def export_best(
         best = min(pruned, key=lambda r: (-r.steps, sign * r.value))
         seed, searched, run_dir, full = best.seed, best.overrides, Path(best.run_dir), False
     store.pull_whole_run(run_dir)
-    check_export_format(format, load_spec(run_dir / "spec.yaml"))  # refused before any retraining
+    check_export_format(format, load_spec(run_dir / "spec.yaml"), target)  # refused before any retraining
     if retrain or not full:
         # A partial (pruned) best, or an explicit request: train the best spec to the full budget.
         recipe = plan.recipe(plan.seed_overrides(name, searched, seed))
@@ -160,4 +160,4 @@ The cell's answer: {evidence.claim()}
 
 {trials}
 """
-    return export_run(run_dir, out, extra_card=extra, format=format, dtype=dtype)
+    return export_run(run_dir, out, extra_card=extra, format=format, dtype=dtype, target=target)

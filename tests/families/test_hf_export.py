@@ -348,3 +348,17 @@ def test_a_transformers_folder_blockforge_did_not_write_is_not_taken_for_one(tmp
     LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=50)).save_pretrained(tmp_path)
     with pytest.raises(BlockforgeError, match="not a blockforge export"):
         blockforge.load(tmp_path)
+
+
+def test_target_vllm_refuses_by_name_what_vllm_cannot_run(model_folder, tmp_path, capsys):
+    two_windows = llama(mix=0.34, overrides=[LayerOverride(at=0, window=4),
+                                             LayerOverride(at=1, window=8)])
+    src = model_folder(two_windows)
+    assert main(["export", str(src), "--out", str(tmp_path / "refused"), "--format", "hf", "--target", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "2 window sizes (4, 8)" in err and not (tmp_path / "refused").exists()
+    assert main(["export", str(src), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0  # transformers runs it
+    one_window = model_folder(llama(mix=0.34, overrides=[LayerOverride(at=[0, 1], window=4)]), "one")
+    assert main(["export", str(one_window), "--out", str(tmp_path / "served"), "--format", "hf", "--target", "vllm"]) == 0
+    assert main(["export", str(one_window), "--out", str(tmp_path / "gguf"), "--format", "gguf", "--target", "vllm"]) == 2
+    assert "--target vllm serves --format hf exports" in capsys.readouterr().err
