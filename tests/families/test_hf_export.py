@@ -358,6 +358,9 @@ def test_target_vllm_refuses_by_name_what_vllm_cannot_run(model_folder, tmp_path
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "2 window sizes (4, 8)" in err and not (tmp_path / "refused").exists()
     assert main(["export", str(src), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0  # transformers runs it
+    card = (tmp_path / "hf" / "README.md").read_text()  # the card says where it runs and where not
+    assert "- vLLM, Transformers backend (tested): cannot: its sliding layers use 2 window sizes (4, 8)." in card
+    assert "- llama.cpp (GGUF), CTranslate2, ONNX exporters: cannot;" in card and str(tmp_path) not in card
     one_window = model_folder(llama(mix=0.34, overrides=[LayerOverride(at=[0, 1], window=4)]), "one")
     assert main(["export", str(one_window), "--out", str(tmp_path / "served"), "--format", "hf", "--target", "vllm"]) == 0
     assert main(["export", str(one_window), "--out", str(tmp_path / "gguf"), "--format", "gguf", "--target", "vllm"]) == 2
