@@ -25,27 +25,15 @@ from torch import nn
 
 from blockforge.families.conversion import ConversionError
 from blockforge.families.formats import ExportFormat, copy_records, front_matter, publish, staging
-from blockforge.families.hf_native import hf_llama_problems
+from blockforge.families.hf_native import llama_cpp_problems
 from blockforge.spec.model import ResolvedSpec
 
 FILE = "model.gguf"
 TYPES = {torch.float32: "F32", torch.float16: "F16"}  # the precisions a GGUF file holds here
 
 
-def problems(spec: ResolvedSpec) -> list[str]:
-    """What keeps `spec` from llama.cpp's `llama` architecture (empty when nothing does)."""
-    found = hf_llama_problems(spec)
-    if spec.rope_scaling is not None or any(layer.rope_linear_factor for layer in spec.layers):
-        found.append("its RoPE is scaled")
-    if spec.qkv_bias or spec.proj_bias or spec.mlp_bias:
-        found.append("it has biases")
-    if any(not layer.rope for layer in spec.layers):
-        found.append("some layers have no RoPE")
-    return found
-
-
 def check(spec: ResolvedSpec) -> None:
-    found = problems(spec)
+    found = llama_cpp_problems(spec)
     if found:
         raise ConversionError(f"--format gguf holds what llama.cpp's llama architecture computes (a uniform Pre-LN RMSNorm llama), "
                               f"and {'; '.join(found)}; export it with --format hf")

@@ -36,7 +36,7 @@ from blockforge.families.conversion import (
 )
 from blockforge.families.hf_compat import for_older_readers
 from blockforge.families.formats import DTYPES, ExportFormat, FileNames, copy_records, front_matter, publish, staging
-from blockforge.families.hf_native import CLASSES, native_kind, to_hf
+from blockforge.families.hf_native import CLASSES, llama_cpp_problems, native_kind, to_hf
 from blockforge.families.llama_hf import TOKENIZER_FILES, from_hf_llama
 from blockforge.io import read_json
 from blockforge.nn.attention import Attention
@@ -520,19 +520,13 @@ def engines(spec: ResolvedSpec, kind: str | None, native_dir: Path) -> str:
         name = CLASSES[kind][1]
         lines.append(f"- vLLM, TGI, CTranslate2, optimum (ONNX): their own implementations of `{name}` (not tested by blockforge; "
                      "optimum's ONNX folder leaves the tokenizer files out: copy them beside it).")
-        gguf_problems = problems_for_gguf(spec)
+        gguf_problems = llama_cpp_problems(spec)
         bpe = (native_dir / "tokenizer").is_dir() and blockforge_bpe(native_dir, load_tokenizer(native_dir / "tokenizer").hf)
         lines.append("- llama.cpp: " + ("`blockforge export --format gguf` writes it with this tokenizer (tested with llama-cpp-python: "
                                          "transformers' greedy tokens)." if bpe and not gguf_problems else
                                          "llama.cpp's `convert_hf_to_gguf.py`, where it knows the tokenizer." if not gguf_problems else
                                          "not as llama.cpp's llama architecture: " + "; ".join(gguf_problems) + "."))
     return "\n".join(lines) + "\n"
-
-
-def problems_for_gguf(spec: ResolvedSpec) -> list[str]:
-    from blockforge.families.gguf_export import problems
-
-    return problems(spec)
 
 
 HF_FORMAT = ExportFormat(name="hf", library="transformers", check=check, usage=usage, write=write, read=read)

@@ -248,6 +248,19 @@ def hf_llama_problems(spec: ResolvedSpec) -> list[str]:
     return [problem for problem, present in checks.items() if present]
 
 
+def llama_cpp_problems(spec: ResolvedSpec) -> list[str]:
+    """What keeps `spec` from llama.cpp's `llama` architecture (empty when nothing does): a plain LlamaForCausalLM's list,
+    plus biases and RoPE scaling, which `--format gguf` does not write."""
+    found = hf_llama_problems(spec)
+    if spec.rope_scaling is not None or any(layer.rope_linear_factor for layer in spec.layers):
+        found.append("its RoPE is scaled")
+    if spec.qkv_bias or spec.proj_bias or spec.mlp_bias:
+        found.append("it has biases")
+    if any(not layer.rope for layer in spec.layers):
+        found.append("some layers have no RoPE")
+    return found
+
+
 def token_ids(model: nn.Module) -> dict[str, int | None]:
     """The bos, eos and pad ids a transformers config of `model` needs: those of the model it was converted from, else
     those of the tokenizer in the folder it was loaded from (blockforge.load), else none (never transformers' defaults,
