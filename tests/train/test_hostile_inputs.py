@@ -10,7 +10,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,36 +285,38 @@ EXPORTS = [
 CASES = [*RECIPES, *RUNS, *EXPORTS]
 
 
+def refuse_to_train(self, *args, **kwargs):
+    raise AssertionError("a training step began before the input was refused")
+
+
 def _run(argv, capsys):
-    started = time.perf_counter()
     code = main(argv)
-    elapsed = time.perf_counter() - started
     out, err = capsys.readouterr()
-    return code, out, err, elapsed
+    return code, out, err
 
 
 @pytest.mark.parametrize("name,setup,status,needle", CASES, ids=[c[0] for c in CASES])
-def test_hostile_input_is_one_sentence(trained, tmp_path, capsys, name, setup, status, needle):
+def test_hostile_input_is_one_sentence(trained, tmp_path, capsys, monkeypatch, name, setup, status, needle):
     case = Case(tmp_path, trained)
     argv = setup(case)
-    code, out, err, elapsed = _run(argv, capsys)
+    monkeypatch.setattr(torch.Tensor, "backward", refuse_to_train)  # a refusal comes before any training step
+    code, out, err = _run(argv, capsys)
     assert code == status, err
     lines = err.strip().splitlines()
     assert 1 <= len(lines) <= 6 and "Traceback" not in err, err
     assert lines[-1].startswith("blockforge") and needle in err, err
     assert out == "", out  # a refusal writes nothing else (generate does not echo the prompt first)
-    assert elapsed < 10, f"{name} took {elapsed:.1f} s"
 
 
 @pytest.mark.parametrize("name,damage,reason", FALLBACKS, ids=[c[0] for c in FALLBACKS])
 def test_resume_skips_a_damaged_newest_checkpoint_and_says_why(trained, tmp_path, capsys, name, damage, reason):
     case = Case(tmp_path, trained)
     damage(case)
-    code, out, err, elapsed = _run(["train", str(case.recipe), "--out", str(case.run), "--resume", "--no-progress"], capsys)
+    code, out, err = _run(["train", str(case.recipe), "--out", str(case.run), "--resume", "--no-progress"], capsys)
     assert code == 0, err
     (line,) = err.strip().splitlines()
     assert "resuming from step-00000005, the newest intact checkpoint" in line and reason in line, line
-    assert "completed at step 10" in out and elapsed < 10
+    assert "completed at step 10" in out
     assert sorted(p.name for p in (case.run / "checkpoints").iterdir()) == ["latest.json", "step-00000005", "step-00000010"]
 
 
