@@ -26,12 +26,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_set(parser: argparse.ArgumentParser) -> None:
+def add_set(parser: argparse.ArgumentParser, help: str = "override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 "
+                                                           "(repeatable)") -> None:
     """The repeatable `--set KEY=VALUE` flag, parsed into `args.overrides` (a list of Assignment)."""
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_assignment,
-        help="override a recipe value by dotted key, e.g. --set model.layers.mix_ln.alpha=0.125 (repeatable)",
-    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_assignment, help=help)
 
 
 def format_metrics(metrics: dict | None) -> str:

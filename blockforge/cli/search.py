@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu", help="with --plan: a GPU type for GPU-hours and wall time (A100, H100, H200, L40S, B200, MI300X)")
     p.add_argument("--gpus", type=positive_int, help="with --plan --gpu: GPUs the search has (default: one trial's)")
     p.add_argument("--mfu", type=float, default=None, help="with --plan --gpu: the fraction of the dense bf16 peak reached (default 0.4)")
-    add_set(p)
+    add_set(p, help="override a key of the search file (trials_per_cell=4, steps=60, confirm.seeds=3, cells.model.depth=[4,8]) or of its "
+                    "base recipe (train.lr=0.003), by dotted key (repeatable); a resume takes the same ones")
     p.set_defaults(func=run)
 
 

@@ -19,7 +19,7 @@ from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer
+from blockforge.spec.search import Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets, is_search_key
 from blockforge.spec.strict import canonical, parse, stable_hash
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
@@ -565,7 +565,11 @@ def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], c
 
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str, kept: dict | None = None) -> SearchPlan:
     raw = read_yaml(path) if kept is None else kept["search"]
-    spec = parse(SearchFile, raw)
+    given = list(overrides or [])
+    settings = [(k, v) for k, v in given if is_search_key(k)]  # --set of the search file's own keys...
+    overrides = [(k, v) for k, v in given if not is_search_key(k)]  # ...and of the recipe's
+    effective = apply_search_sets(raw, settings) if settings else raw
+    spec = parse(SearchFile, effective)
 
     def fail(message: str, where: str) -> SpecError:
         return SpecError(message, path=where, file=str(path))
@@ -620,7 +624,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
 
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
     targets = _targets(spec, cells, dimensions, checked, fail)
-    objective, costs, constraints = _objectives(spec, raw, fail)
+    objective, costs, constraints = _objectives(spec, effective, fail)
     # Pre-flight: the base with the fixed overrides, in every cell (and target), with every baseline.
     probes = [{}] + spec.baselines
     depths, seeds, steps, eval_every, warmup = {}, {}, {}, {}, {}
@@ -683,7 +687,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         settings={name: CellSettings(steps[name], eval_every[name], seeds[name], depths[name]) for name in steps}, confirm=spec.confirm,
         workdir=workdir,
-        inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in overrides or []]}),
+        inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in given]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
     )
     _check_length(spec, plan, fail)

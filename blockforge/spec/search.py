@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockforge.errors import SpecError, unknown_choice_message
+from blockforge.errors import SpecError, unknown_choice_message, unknown_key_message
 from blockforge.spec.strict import choice
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
@@ -286,3 +290,55 @@ class SearchFile:
         _at_least(self.trials_per_cell, 1, "trials_per_cell")
         _at_least(self.max_concurrent, 1, "max_concurrent")
 
+
+
+def is_search_key(key: str) -> bool:
+    """Whether a --set key names a search file's own setting (trials_per_cell, confirm.seeds, cells.model.depth, ...)
+    rather than a recipe value (model..., train..., data...); a key that is neither is refused by name."""
+    from blockforge.spec.recipe import Recipe
+
+    root = key.split(".", 1)[0].split("[", 1)[0]
+    search_keys = [f.name for f in dataclasses.fields(SearchFile)]
+    recipe_keys = [f.name for f in dataclasses.fields(Recipe)]
+    if root not in search_keys + recipe_keys:
+        raise SpecError(unknown_key_message(root, recipe_keys + search_keys), path=key, file="--set")
+    return root in search_keys
+
+
+def apply_search_sets(raw: dict, sets: list[tuple[str, Any]]) -> dict:
+    """A copy of a search file's data with each --set of one of its own keys applied, checked against the file's
+    settings as strictly as a recipe key. A mapping keyed by dotted recipe keys (cells, space, overrides, constraints)
+    takes the rest of the key as one name: --set cells.model.depth=[4,8]."""
+    from blockforge.spec.recipe import key_parts
+
+    data = copy.deepcopy(raw)
+    for key, value in sets:
+        node, tp, walked = data, SearchFile, []
+        parts = key_parts(key)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            tp = _settings_class(tp)
+            if typing.get_origin(tp) is dict:  # the rest of the key is one name of the mapping
+                part, last = ".".join(parts[i:]), True
+            elif dataclasses.is_dataclass(tp):
+                hints = typing.get_type_hints(tp)
+                names = [f.name for f in dataclasses.fields(tp)]
+                if part not in names:
+                    raise SpecError(unknown_key_message(part, names), path=".".join([*walked, part]), file="--set")
+                tp = hints[part]
+            else:
+                raise SpecError(f"'{'.'.join(walked)}' holds a single value or a list, not keys; set it whole", path=key, file="--set")
+            if last:
+                node[part] = value
+                break
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node, walked = node[part], [*walked, part]
+    return data
+
+
+def _settings_class(tp: Any) -> Any:
+    """An annotation without its None alternative (a setting that may be left out)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(t for t in typing.get_args(tp) if t is not type(None))
+    return tp

@@ -162,3 +162,37 @@ def test_a_vit_search_on_tokens_per_second_is_refused_before_it_starts(tmp_path)
     path.write_text(yaml.safe_dump(search))
     with pytest.raises(SpecError, match=r"objectives\[1\]\.cost: train_tokens_per_s is a language model's cost .* model.family vit has none"):
         load_search(path)
+
+
+def test_set_reaches_the_search_files_own_keys_as_strictly_as_recipe_keys(tmp_path, capsys):
+    from blockforge.cli import main
+    from blockforge.search.config import folder_marker, stored_plan
+    from blockforge.io import atomic_write_json
+
+    path = write_search(tmp_path, confirm={"top": 2, "seeds": 2})
+    sets = [("trials_per_cell", 3), ("steps", 20), ("confirm.seeds", 3), ("cells.model.depth", [4]),
+            ("scheduler.asha.grace_steps", 5), ("train.eval_batches", 1)]
+    plan = load_search(path, sets)
+    assert plan.trials_per_cell == 3 and plan.confirm.seeds == 3 and plan.asha.grace_steps == 5
+    assert plan.cell_names() == ["depth=4"] and plan.settings["depth=4"].steps == 20
+    assert ("train.eval_batches", 1) in plan.overrides
+    # The same plan as a file that says so itself, and a folder started with the --sets is rebuilt with them.
+    (tmp_path / "written").mkdir()
+    written = write_search(tmp_path / "written", confirm={"top": 2, "seeds": 3}, trials_per_cell=3, steps=20, cells={"model.depth": [4]},
+                           scheduler={"asha": {"grace_steps": 5, "reduction_factor": 2}}, overrides={"train.eval_batches": 1})
+    same = load_search(written)
+    assert (same.trials_per_cell, same.confirm, same.asha, same.cells, same.settings) == (plan.trials_per_cell, plan.confirm, plan.asha,
+                                                                                          plan.cells, plan.settings)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    atomic_write_json(folder / "search.json", folder_marker(plan, sets))
+    assert stored_plan(folder).confirm.seeds == 3 and stored_plan(folder).fingerprint() == plan.fingerprint()
+    assert load_search(path, sets[:-2]).fingerprint() != plan.fingerprint()  # another --set: a resume is refused (driver)
+    # Wrong keys and values are one sentence naming the key.
+    for flag, needle in [("trials_per_cel=4", "did you mean 'trials_per_cell'"), ("confirm.seedz=4", "did you mean 'seeds'"),
+                         ("steps=abc", "steps: must be an integer"), ("cells.model.dept=[4]", "cells.model.dept"),
+                         ("trials_per_cell.x=3", "holds a single value"), ("steps=0", "steps")]:
+        capsys.readouterr()
+        assert main(["search", str(path), "--plan", "--set", flag]) == 2, flag
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, (flag, err)
