@@ -183,8 +183,7 @@ class Cell:
         self.context.live[trial_id] = trial
         self.running.add(trial_id)
         self.append(self.record(trial, Status.RUNNING))
-        # A cell that enumerates its distinct points (or a guided one) trains each to the full budget: no early stopping there.
-        return trial.config(early_stop=not getattr(self.stages[0], "full_budget", False))
+        return trial.config(early_stop=trial.stage is StageName.EXPLORE and self.plan.stops_early(self.name))
 
     def enqueue(self, searched: dict, seed: int, *, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "",
                 continues: str = "") -> None:

@@ -280,9 +280,15 @@ class SearchPlan:
         everything = self.cells + self.targets
         return everything[self.all_names().index(name)]
 
-    def resources_of(self, stage: str) -> Resources:
-        """What a trial of `stage` asks for: the transfer's own resources for target trials, when given."""
-        return self.transfer.resources if stage == "transfer" and self.transfer and self.transfer.resources else self.resources
+    def resources_of(self, name: str) -> Resources:
+        """What a trial of cell `name` asks for: the transfer's own resources in a transfer target, when given."""
+        return self.transfer.resources if name in self.target_names() and self.transfer.resources else self.resources
+
+    def stops_early(self, name: str) -> bool:
+        """Whether exploration trials of cell `name` may be stopped early (ASHA): only with a scheduler, and not in a cell
+        that trains each of its points to the full budget (it enumerates its distinct points, or is guided). The one
+        statement of the rule: the trials carry it (config `early_stop`), the pipeline and the compute plan read it."""
+        return self.asha is not None and self.enumeration(name) is None and not self.guided(name)
 
     def trial_overrides(self, cell: dict[str, Any], params: dict[str, Any]) -> list[tuple[str, Any]]:
         return self.overrides + list(cell.items()) + list(params.items())

@@ -26,7 +26,7 @@ from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.search import reaper
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
-from blockforge.search.ledger import Ledger, TrialRecord
+from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.store import SearchStore
 from blockforge.spec import Assignment
 from blockforge.storage import Storage
@@ -192,7 +192,7 @@ class ProgressView:
         shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE,
                  *((Status.INFEASIBLE,) if self.plan.constraints else ()))
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
-        counts["replicates"] = sum(r.stage == "confirm" and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
+        counts["replicates"] = sum(r.stage == StageName.CONFIRM and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}
@@ -463,7 +463,7 @@ def _trainable(plan: SearchPlan, store: SearchStore):
     from ray.tune import PlacementGroupFactory
 
     def resources(config: dict) -> PlacementGroupFactory:  # target trials take the transfer's own resources
-        res = plan.resources_of(config.get("stage", "explore"))
+        res = plan.resources_of(config["cell"])
         return PlacementGroupFactory([{"CPU": res.cpu, "GPU": res.gpu}])
 
     return tune.with_resources(trainable, resources)

@@ -42,6 +42,11 @@ class StageName(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def of_config(cls, config: dict) -> "StageName":
+        """The stage a trial's Tune config names (exploration where it names none)."""
+        return cls(config.get("stage", cls.EXPLORE.value))
+
 
 # Stages whose trials check an answer at other settings (another learning rate, a longer training): their records stay out
 # of the cell's main evidence, its rung tables and curves, and the samplers' studies.

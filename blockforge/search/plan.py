@@ -130,7 +130,7 @@ def guided_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
     from blockforge.search.stages.guidance import GuidedExplore
 
     guided = [c for c in cells if plan.guided(c.cell)]
-    extra = {c.cell: GuidedExplore.unguided(plan, c.cell) - c.trials.get("explore", 0) for c in guided}
+    extra = {c.cell: GuidedExplore.unguided(plan, c.cell) - c.trials.get(GuidedExplore.key(), 0) for c in guided}
     trials = sum(c.total_trials for c in cells) + sum(extra.values())
     flops = sum(c.total_flops for c in cells) + sum(extra[c.cell] * c.trial_flops for c in guided)
     return [f"guide: cells run in the order {', '.join(plan.order)}: the first {plan.guide.after} at once, then each after the cells "

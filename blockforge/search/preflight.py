@@ -32,7 +32,7 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
     planned: dict[str, int] = {}
     for cell in plan.cells + plan.targets:
         name = cell_name(cell)
-        gpus = plan.resources_of("transfer" if cell in plan.targets else "explore").data_parallel
+        gpus = plan.resources_of(name).data_parallel
         for probe in plan.probes(name):
             try:
                 recipe = plan.recipe(plan.trial_overrides(cell, probe))
@@ -120,7 +120,7 @@ def check_nodes(plan: SearchPlan, needs: dict[str, int], nodes: list[dict], gpu_
     _check_nodes(plan, plan.resources, "resources", {n: v for n, v in needs.items() if n not in targets}, nodes, gpu_memory)
     if targets:
         where = "transfer.resources" if plan.transfer.resources else "resources"
-        _check_nodes(plan, plan.resources_of("transfer"), where, {n: v for n, v in needs.items() if n in targets}, nodes, gpu_memory)
+        _check_nodes(plan, plan.transfer.resources or plan.resources, where, {n: v for n, v in needs.items() if n in targets}, nodes, gpu_memory)
 
 
 def _check_nodes(plan: SearchPlan, res, where_set: str, needs: dict[str, int], nodes: list[dict], gpu_memory: int | None) -> None:

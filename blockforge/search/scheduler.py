@@ -3,9 +3,8 @@
 At each rung (grace, grace * rf, ... steps) a trial is compared with the cell's exploration trials that reached
 the rung before it, as in ASHA: it is stopped only if it is outside the best 1/rf of them *and* behind their
 cutoff by more than the rung's margin, the largest amount by which one of the cell's full-budget curves (same
-seed) was behind another there and still ended ahead (at least `asha.margin`). Confirmation trials, and
-exploration trials of cells that enumerate their distinct points (config `early_stop` false), always run the
-full budget.
+seed) was behind another there and still ended ahead (at least `asha.margin`). Only trials whose config says
+`early_stop` (SearchPlan.stops_early) are judged; the others run the full budget.
 
 What a rung holds lives in the cell's RungTable (search/rungs.py): read once from the trials' run folders (so a resumed driver
 decides as the first one would have), then kept up to date from the results Tune reports and the full-budget
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from blockforge.search.config import OBJECTIVE, SearchPlan
+from blockforge.search.ledger import StageName
 
 
 def sorted_percentile(ordered: list[float], percent: float) -> float:
@@ -59,19 +59,15 @@ class CellScheduler(FIFOScheduler):
 
         return SearchContext.of(str(self.store.rebound().local), self.plan).cells[name]
 
-    @staticmethod
-    def _early_stoppable(trial) -> bool:
-        return trial.config.get("stage", "explore") == "explore" and trial.config.get("early_stop", True)
-
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
-        if "step" not in result or trial.config.get("stage", "explore") != "explore":
+        if "step" not in result or StageName.of_config(trial.config) is not StageName.EXPLORE:  # rungs compare exploration trials
             return TrialScheduler.CONTINUE
         cell, step = trial.config["cell"], int(result["step"])
         table = self._cell(cell).rung_table()
         decision = TrialScheduler.CONTINUE
         judged = self.passed.setdefault(trial.trial_id, set())
         due = [rung for rung in table.rungs if rung <= step and rung not in judged]
-        if due and OBJECTIVE in result and self._early_stoppable(trial):
+        if due and OBJECTIVE in result and trial.config.get("early_stop"):  # SearchPlan.stops_early, as the trial carries it
             rung = max(due)
             judged.update(due)
             if not result.get("diverged"):  # a diverged trial ends by itself

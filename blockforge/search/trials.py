@@ -157,7 +157,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
-    resources = plan.resources_of(config.get("stage", "explore"))
+    resources = plan.resources_of(config["cell"])
     workers = resources.data_parallel
     torch.set_num_threads(max(1, int(resources.cpu) // workers))
     recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])

@@ -158,7 +158,7 @@ class Confirm(Stage):
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
-        pruning = plan.asha is not None and plan.enumeration(name) is None
+        pruning = plan.stops_early(name)
         finalists = min(cls.top(plan) + len(plan.baselines) + 1, explored + len(plan.baselines))
         return finalists * plan.confirm.seeds + (finalists if pruning else 0)  # those stopped early finish their run too
 

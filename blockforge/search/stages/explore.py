@@ -93,11 +93,6 @@ class Explore(Stage):
         trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values, params=params, distributions=self.sampler._space)
         self.sampler._ot_study.add_trial(trial)
 
-    @property
-    def full_budget(self) -> bool:
-        """Whether its trials run to the full budget (a cell that enumerates its distinct points stops nothing early)."""
-        return self.enumerated is not None
-
     def active(self, cell: "Cell") -> bool:
         if self.enumerated is not None and self.asks >= self.enumerated:
             return False  # every distinct point has been proposed

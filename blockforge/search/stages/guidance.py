@@ -97,10 +97,6 @@ class GuidedExplore(Explore):
     def _first_points(self, name: str, records: list[TrialRecord]) -> list[dict]:
         return []  # its points come from the window, not from the sampler's queue
 
-    @property
-    def full_budget(self) -> bool:
-        return True
-
     def _points(self, k: int) -> list[dict]:
         """Every point with `k` Post-LN layers: k with each combination of the other searched (discrete) keys' values."""
         return [{MIX_LN_COUNT: k, **dict(zip((d.name for d in self.others), combo))}

@@ -32,7 +32,7 @@ PROXY_STAGES: list[tuple[type[Stage], When]] = [
     (GuidedExplore, lambda plan, name: plan.guided(name)),
     (Confirm, lambda plan, name: plan.confirm is not None and not plan.costs),
     (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
-    (Promote, lambda plan, name: plan.asha is not None and plan.enumeration(name) is None),  # enumerated cells stop nothing early
+    (Promote, lambda plan, name: plan.stops_early(name)),
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
     (LrSweep, lambda plan, name: plan.confirm is not None and plan.confirm.lr is not None),
     (Length, lambda plan, name: plan.confirm is not None and plan.confirm.length is not None),
