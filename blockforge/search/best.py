@@ -9,6 +9,7 @@ from blockforge.search.config import stored_plan
 from blockforge.search.ledger import Ledger
 from blockforge.tables import fmt, markdown_table
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 
 def _pick_cell(cells: list[str], wanted: str | None, search_dir) -> str:
@@ -52,7 +53,7 @@ def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None
     if not within:
         cheapest = min(p.costs[cost] for p in on) if mode == "min" else max(p.costs[cost] for p in on)
         raise BlockforgeError(f"--under {under}: no front point of cell {name} is within it (the {'least' if mode == 'min' else 'most'} is {cheapest:g})")
-    sign = 1.0 if plan.mode == "min" else -1.0
+    sign = mode_sign(plan.mode)
     best = min(within, key=lambda p: sign * p.candidate.mean)
     return best, on.index(best)
 
@@ -117,7 +118,7 @@ def export_best(
         seed = base if base in winner.run_dirs else min(winner.run_dirs)
         searched, run_dir, full = winner.overrides, Path(winner.run_dirs[seed]), True
     else:  # nothing reached the full budget: the furthest, best pruned trial, retrained below
-        sign = 1.0 if plan.mode == "min" else -1.0
+        sign = mode_sign(plan.mode)
         pruned = [r for r in records if r.cell == name and r.status == Status.PRUNED and r.value is not None]
         if not pruned:
             raise BlockforgeError(f"{store}: cell {name} has no completed or pruned trial to export; resume the search first")

@@ -16,6 +16,7 @@ from typing import Any
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import APART
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 LEVEL = 0.95
 METHOD = "paired t, 95%"
@@ -197,7 +198,7 @@ def cell_evidence(records: list, cell: str, *, mode: str, penalty: float, min_se
     candidate reached when confirmation has not finished): a model seen on one seed in exploration
     does not beat a confirmed one by luck.
     """
-    sign = 1.0 if mode == "min" else -1.0
+    sign = mode_sign(mode)
     candidates = sorted(candidates_of(records, cell, penalty), key=lambda c: sign * c.mean)
     floor = min(min_seeds, max((c.n for c in candidates), default=0))
     eligible = [c for c in candidates if c.n >= floor]

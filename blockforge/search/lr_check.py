@@ -18,6 +18,7 @@ from blockforge.search.config import LR_KEY, SearchPlan
 from blockforge.search.evidence import CellEvidence, Difference, describe, paired_difference, verdict
 from blockforge.search.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 RESAMPLES = 1000
 
@@ -80,7 +81,7 @@ def shared_seeds(by_lr: dict[float, dict[int, float]]) -> list[int]:
 
 def _curve(name: str, by_lr: dict[float, dict[int, float]], mode: str) -> LrCurve:
     seeds = shared_seeds(by_lr)
-    sign = 1.0 if mode == "min" else -1.0
+    sign = mode_sign(mode)
 
     def best_of(chosen: list[int]) -> float:
         return min(by_lr, key=lambda lr: (sign * sum(by_lr[lr][s] for s in chosen) / len(chosen), lr))

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blockforge.search.evidence import Candidate, Difference, dominates, paired_difference
+from blockforge.search.evidence import Candidate, Difference, dominates, paired_difference, verdict
+from blockforge.spec.search import mode_sign
 
 
 @dataclass
@@ -55,8 +56,7 @@ def front_evidence(candidates: list[Candidate], costs: list[tuple[str, str]], mo
             diff = paired_difference(q.candidate.values, p.candidate.values)  # q - p, seed by seed
             if diff is None or diff.low is None:
                 continue
-            better = diff.high < 0 if mode == "min" else diff.low > 0
-            if diff.excludes_zero() and better:
+            if verdict(diff, mode) == "better":
                 p.dominated_by.append((q.candidate, diff))
             elif not diff.excludes_zero():
                 p.tied_with.append((q.candidate, diff))
@@ -65,7 +65,7 @@ def front_evidence(candidates: list[Candidate], costs: list[tuple[str, str]], mo
     shared = sorted(set.intersection(*(set(p.candidate.values) for p in points))) if points else []
     if len(points) < 1 or not costs:
         return Front(points, None, None, None, len(shared))
-    signs = np.array([1.0 if mode == "min" else -1.0, *(1.0 if m == "min" else -1.0 for _, m in costs)])
+    signs = np.array([mode_sign(mode), *(mode_sign(m) for _, m in costs)])
     cost_part = np.array([[p.costs[c] for c, _ in costs] for p in points])
 
     def hv(quality: np.ndarray) -> float:

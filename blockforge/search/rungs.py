@@ -21,6 +21,7 @@ import numpy as np
 
 from blockforge.search.ledger import APART, StageName, TrialRecord
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 if TYPE_CHECKING:
     from blockforge.search.config import SearchPlan
@@ -160,7 +161,7 @@ def value_at(curve: dict[int, float], step: int) -> float | None:
 def rung_checks(curves: list[Curve], steps: list[int], mode: str, tau: bool = True) -> list[RungCheck]:
     """Per step: rank agreement with the final values (Kendall tau; left out with tau=False) and the pairs that cross,
     seed by seed, in O(n log n) per seed (order_agreement)."""
-    sign = 1.0 if mode == "min" else -1.0
+    sign = mode_sign(mode)
     by_seed: dict[int, list[Curve]] = {}
     for c in curves:
         by_seed.setdefault(c.seed, []).append(c)
@@ -188,7 +189,7 @@ def rung_checks(curves: list[Curve], steps: list[int], mode: str, tau: bool = Tr
 
 def margin_behind(value: float, step: int, seed: int, curves: list[Curve], mode: str, exclude: str = "") -> float | None:
     """How far `value` at `step` is behind the best full-budget curve on the same seed there (negative: ahead)."""
-    sign = 1.0 if mode == "min" else -1.0
+    sign = mode_sign(mode)
     others = [value_at(c.values, step) for c in curves if c.seed == seed and c.model != exclude]
     others = [v for v in others if v is not None]
     if not others:
@@ -230,7 +231,7 @@ def pruned_checks(records: list, cell: str, metric: str, mode: str, curves: list
     finished = {c.model for c in curves}
     crossing: dict[int, float] = {}  # step -> the largest margin overtaken there (one check per step, not per trial)
     best: dict[tuple[int, int], float | None] = {}  # (seed, step) -> the best full-budget value there
-    sign = 1.0 if mode == "min" else -1.0
+    sign = mode_sign(mode)
     out = []
     for r in records:
         if r.cell != cell or r.stage != StageName.EXPLORE or r.status != Status.PRUNED or (r.model or r.identity) in finished:
@@ -316,7 +317,7 @@ class RungTable:
     instead of re-read; `records`: the cell's ledger records when it is built)."""
 
     def __init__(self, plan: SearchPlan, cell: str, base_seed: int, records: list[TrialRecord]):
-        self.sign = 1.0 if plan.mode == "min" else -1.0
+        self.sign = mode_sign(plan.mode)
         self.rungs = asha_rungs(plan.asha.grace_steps, plan.asha.reduction_factor, plan.settings[cell].steps)
         self.base_seed = base_seed
         self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted

@@ -342,3 +342,8 @@ def _settings_class(tp: Any) -> Any:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(t for t in typing.get_args(tp) if t is not type(None))
     return tp
+
+
+def mode_sign(mode: str) -> float:
+    """1 for a quantity to minimize, -1 for one to maximize: mode_sign(mode) * value is smaller the better it is."""
+    return 1.0 if mode == "min" else -1.0

@@ -18,6 +18,7 @@ from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import StageName
 from blockforge.search.stages.base import Finalist, Outcome, Stage
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 if TYPE_CHECKING:
     from blockforge.search.cell import Cell
@@ -45,7 +46,7 @@ def race_drops(in_race: list, seeds: list[int], plan: SearchPlan) -> dict[str, t
 
     if len(seeds) < 2 or len(in_race) < 2:
         return {}
-    sign = 1.0 if plan.mode == "min" else -1.0
+    sign = mode_sign(plan.mode)
     on = lambda c: {s: c.values[s] for s in seeds if s in c.values}  # noqa: E731
     leader = min(in_race, key=lambda c: sign * sum(on(c).values()) / max(1, len(on(c))))
     level = 1.0 - RACE_ERROR / race_looks(plan)
@@ -124,7 +125,7 @@ class Confirm(Stage):
 
     def ranked(self, cell: "Cell") -> list[Outcome]:
         """The cell's explored models: completed ones best first, then pruned ones, furthest and best first."""
-        sign = 1.0 if self.plan.mode == "min" else -1.0
+        sign = mode_sign(self.plan.mode)
         explored = [o for o in cell.done.values() if o.trial.stage == StageName.EXPLORE]
         ranked = sorted((o for o in explored if o.status == Status.COMPLETED and o.value is not None), key=lambda o: sign * o.value)
         return ranked + sorted((o for o in explored if o.status == Status.PRUNED), key=lambda o: (-o.record.steps, sign * (o.record.value or 0.0)))
@@ -176,7 +177,7 @@ class Front(Confirm):
 
         plan = self.plan
         done = [o for o in ranked if o.status == Status.COMPLETED]
-        signs = [1.0 if plan.mode == "min" else -1.0, *(1.0 if m == "min" else -1.0 for _, m in plan.costs)]
+        signs = [mode_sign(plan.mode), *(mode_sign(m) for _, m in plan.costs)]
         point = lambda o: [s * v for s, v in zip(signs, [o.value, *(o.record.costs.get(c, 0.0) for c, _ in plan.costs)])]  # noqa: E731
         front = [o for o in done if not any(dominates(point(other), point(o)) for other in done if other is not o)]
         return (front or ranked)[: 2 * plan.confirm.top]

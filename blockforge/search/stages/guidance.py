@@ -23,6 +23,7 @@ from blockforge.search.config import MIX_LN_COUNT, SearchPlan
 from blockforge.search.ledger import StageName, TrialRecord
 from blockforge.search.stages.explore import Explore
 from blockforge.train.events import Status
+from blockforge.spec.search import mode_sign
 
 if TYPE_CHECKING:
     from blockforge.search.cell import Cell, SearchContext
@@ -117,7 +118,7 @@ class GuidedExplore(Explore):
         self._queue(sorted(ks, key=lambda k: (abs(k - middle), k)))
 
     def _best_k(self, cell: "Cell") -> int | None:
-        sign = 1.0 if self.plan.mode == "min" else -1.0
+        sign = mode_sign(self.plan.mode)
         explored = [o for o in cell.done.values() if o.trial.stage == StageName.EXPLORE and o.status in (Status.COMPLETED, Status.DIVERGED)
                     and o.value is not None and o.trial.post_ln_layers is not None]
         if not explored:
