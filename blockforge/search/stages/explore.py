@@ -52,7 +52,9 @@ class Explore(Stage):
         # With a cost axis the study has several objectives: the quality, then the costs (TPE handles them)
         metrics = [OBJECTIVE, *(cost for cost, _ in plan.costs)] if plan.costs else OBJECTIVE
         modes = [plan.mode, *(mode for _, mode in plan.costs)] if plan.costs else plan.mode
-        self.sampler = OptunaSearch(space={d.name: d.optuna() for d in plan.dimensions_in(name)}, metric=metrics, mode=modes,
+        self.distributions = {d.name: d.optuna() for d in plan.dimensions_in(name)}
+        self.storage, self.study_name = optuna.storages.InMemoryStorage(), f"cell-{index}"  # the sampler's study, open to optuna's API
+        self.sampler = OptunaSearch(space=self.distributions, metric=metrics, mode=modes, storage=self.storage, study_name=self.study_name,
                                     sampler=make_sampler(plan, index, name), points_to_evaluate=first or None)
         # A cell whose distinct points fit its budget enumerates them (first points) and asks no more.
         self.enumerated = len(first) if plan.enumeration(name) is not None else None
@@ -90,8 +92,8 @@ class Explore(Stage):
         a study with several objectives refuses, so the trial (values: quality, then each cost) is added directly."""
         import optuna
 
-        trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values, params=params, distributions=self.sampler._space)
-        self.sampler._ot_study.add_trial(trial)
+        trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values, params=params, distributions=self.distributions)
+        optuna.load_study(study_name=self.study_name, storage=self.storage).add_trial(trial)
 
     def active(self, cell: "Cell") -> bool:
         if self.enumerated is not None and self.asks >= self.enumerated:
