@@ -99,6 +99,11 @@ class Cell:
     def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
         return {**self.__dict__, "_evidence": None, "_rungs": None, "latest": {}}
 
+    @property
+    def rungs(self):
+        """The cell's rung table if the scheduler has asked for it yet (else None)."""
+        return self._rungs
+
     def rung_table(self):
         """The cell's rungs for the scheduler: read from the run folders once, then kept up to date."""
         from blockforge.search.rungs import RungTable
@@ -138,7 +143,10 @@ class Cell:
         return self.launch(self.queue.pop(0), trial_id)
 
     def stage_of(self, trial: Trial) -> Stage:
-        """The stage a trial's outcome goes to: exploration for explored ones, else the last stage of its kind."""
+        """The stage a trial's outcome goes to: the one that asked for it; for a trial known only from its ledger
+        record (a resumed driver), the first stage of the record's stage."""
+        if trial.owner is not None:
+            return self.stages[trial.owner]
         return next((s for s in self.stages if s.name == trial.stage), self.stages[-1])
 
     def busy(self) -> bool:
@@ -146,11 +154,12 @@ class Cell:
 
     # ---- trials -------------------------------------------------------------------------------------------
 
-    def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "", continues: str = "") -> Trial:
+    def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "", continues: str = "",
+                  owner: Stage | None = None) -> Trial:
         number = self.asked
         self.asked += 1
         return Trial(self.name, number, stage, searched, self.plan.seed_overrides(self.name, searched, seed), seed, note=note, promoted=promoted,
-                     continues=continues)
+                     continues=continues, owner=None if owner is None else self.stages.index(owner))
 
     def identify(self, trial: Trial) -> None:
         """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities, shape and costs."""
@@ -185,11 +194,11 @@ class Cell:
         self.append(self.record(trial, Status.RUNNING))
         return trial.config(early_stop=trial.stage is StageName.EXPLORE and self.plan.stops_early(self.name))
 
-    def enqueue(self, searched: dict, seed: int, *, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "",
+    def enqueue(self, searched: dict, seed: int, *, owner: Stage, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "",
                 continues: str = "") -> None:
-        """Queue model `searched` with `seed` unless that replicate already finished, runs or waits (`continues`: the run folder,
-        relative to the search, whose last checkpoint it starts from)."""
-        trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted, continues=continues)
+        """Queue model `searched` with `seed` for stage `owner` (Stage.queue) unless that replicate already finished, runs or waits
+        (`stage`: what its record says; `continues`: the run folder, relative to the search, whose last checkpoint it starts from)."""
+        trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted, continues=continues, owner=owner)
         self.identify(trial)
         self.adopt_orphan(trial)
         outcome = self.done.get(trial.identity)

@@ -219,7 +219,7 @@ class ProgressView:
             cell = SearchContext.of(str(self.path.parent), self.plan).cells[name]
         except (RuntimeError, KeyError):
             return ""
-        table = cell._rungs
+        table = cell.rungs
         if table is None or not table.rungs:
             return ""
         tau, pairs, crossed, largest = table.agreement(table.rungs[0])

@@ -69,6 +69,17 @@ def _distribution(plan: SearchPlan, key: str):
     return next((dim.optuna() for dim in plan.dimensions if dim.key == key), None)  # None: a key this search does not search
 
 
+def _within(distribution, value) -> bool:
+    """Whether a recipe value is a point of an Optuna distribution (read from its public bounds and choices)."""
+    import optuna.distributions as d
+
+    if isinstance(distribution, d.CategoricalDistribution):
+        return any(value == choice and isinstance(value, bool) == isinstance(choice, bool) for choice in distribution.choices)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not distribution.low <= value <= distribution.high:
+        return False
+    return not isinstance(distribution, d.IntDistribution) or float(value).is_integer()
+
+
 def _frozen_trial(plan: SearchPlan, record: TrialRecord):
     """The record as a finished Optuna trial, or None for records that are not one (running, duplicate, or the
     learning-rate check's: a point outside the sampler's space)."""
@@ -83,7 +94,7 @@ def _frozen_trial(plan: SearchPlan, record: TrialRecord):
     params, distributions = {}, {}
     for key, value in record.overrides.items():
         distribution = _distribution(plan, key)
-        if distribution is not None and distribution._contains(distribution.to_internal_repr(value)):
+        if distribution is not None and _within(distribution, value):
             params[key], distributions[key] = value, distribution
     value = plan.penalty if record.status == Status.DIVERGED else record.value
     if state == optuna.trial.TrialState.COMPLETE and value is None:

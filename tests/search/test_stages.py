@@ -21,7 +21,7 @@ class Recheck(Stage):
     label = "recheck"
 
     def __init__(self, plan):
-        self.plan, self.done = plan, False
+        self.plan, self.done, self.heard = plan, False, []
 
     def open(self, cell):
         if self.done:
@@ -29,8 +29,11 @@ class Recheck(Stage):
         self.done = True
         winner = cell.evidence(1).winner
         if winner is not None:
-            cell.enqueue(winner.overrides, cell.base_seed + 99, note="recheck")
+            self.queue(cell, winner.overrides, cell.base_seed + 99, note="recheck")
         return bool(cell.queue)
+
+    def on_complete(self, cell, trial, outcome):
+        self.heard.append((trial.number, outcome.status))
 
     @classmethod
     def worst_case(cls, plan, name, explored):
@@ -44,9 +47,15 @@ def with_recheck(monkeypatch):
 
 def test_a_stage_is_one_class_and_one_line_in_the_pipeline(tmp_path, with_recheck):
     plan = load_search(write_search(tmp_path, scheduler=None, confirm={"top": 1, "seeds": 1}))
-    handed = drive(CellSearcher(plan, str(tmp_path / "s")), lambda c: 5.0 + dict(c["overrides"])["model.layers.mix_ln.alpha"])
+    searcher = CellSearcher(plan, str(tmp_path / "s"))
+    handed = drive(searcher, lambda c: 5.0 + dict(c["overrides"])["model.layers.mix_ln.alpha"])
     rechecked = [r for r in Ledger(tmp_path / "s" / "trials.jsonl").records() if r.note == "recheck"]
     assert {r.cell for r in rechecked} == set(plan.cell_names()) and all(r.seed == 99 and r.status == "completed" for r in rechecked)
+    # Its trials are recorded as the confirmation's, and their outcomes come back to it, not to Confirm: it heard its own, only.
+    assert all(r.stage == "confirm" for r in rechecked)
+    for name, cell in searcher.cells.items():
+        (recheck,) = [s for s in cell.stages if isinstance(s, Recheck)]
+        assert recheck.heard == [(r.trial, "completed") for r in rechecked if r.cell == name], name
     numbers = [(c["cell"], c["number"]) for c in handed]
     assert handed[-1]["cell"] in plan.cell_names() and len(set(numbers)) == len(numbers)  # each cell numbers its trials once
     for cell in search_plan(plan):

@@ -50,6 +50,7 @@ class Trial:
     promoted: str = ""  # why it was brought back to the full budget (a promoted model's replicates)
     optuna_id: str | None = None  # an exploration trial: its id in the cell's sampler
     continues: str = ""  # a run folder (relative to the search) whose last checkpoint it starts from (a longer training)
+    owner: int | None = None  # the pipeline step (index of the cell's stage) that asked for it: where its outcome goes
 
     def config(self, early_stop: bool) -> dict:
         """What Tune hands the trainable."""
@@ -99,14 +100,20 @@ class Stage:
         queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
         return False
 
+    def queue(self, cell, searched: dict[str, Any], seed: int, **kwargs) -> None:
+        """Queue model `searched` with `seed` in `cell` as this stage's trial (its outcome comes back to this stage's
+        on_complete, whatever its record's stage says); see Cell.enqueue for the keywords."""
+        cell.enqueue(searched, seed, owner=self, **kwargs)
+
     def on_result(self, cell: CellLike, trial: Trial, result: dict) -> None:
         """An intermediate result of one of this stage's trials."""
 
     def on_complete(self, cell: CellLike, trial: Trial, outcome: Outcome) -> None:
-        """One of this stage's trials finished, was stopped early, diverged or failed."""
+        """One of this stage's trials (one it queued, or proposed) finished, was stopped early, diverged or failed."""
 
     def taken_in(self, cell: CellLike, trial: Trial, record: TrialRecord) -> None:
-        """A trained trial of this stage that a resumed driver learns of from the ledger."""
+        """A trained trial that a resumed driver learns of from the ledger, given to the first stage whose trials are
+        recorded with its stage (the ledger keeps the record's stage, not the step that queued it)."""
 
     @classmethod
     def key(cls) -> str:

@@ -90,7 +90,7 @@ class Confirm(Stage):
             seed = cell.base_seed + cell.extra_seeds
             for finalist in self.racing(cell):
                 for earlier in range(cell.base_seed, seed + 1):  # a promoted finalist catches up on the earlier seeds
-                    cell.enqueue(finalist.searched, earlier, note=finalist.note, promoted=finalist.promoted)
+                    self.queue(cell, finalist.searched, earlier, note=finalist.note, promoted=finalist.promoted)
             if cell.queue:
                 return True
         return False
@@ -206,7 +206,7 @@ class Race(Stage):
         seed = cell.base_seed + cell.extra_seeds
         racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None and c.model not in cell.dropped}
         for candidate in racing.values():
-            cell.enqueue(candidate.overrides, seed)
+            self.queue(cell, candidate.overrides, seed)
         return bool(cell.queue)
 
     @classmethod

@@ -120,7 +120,7 @@ class Explore(Stage):
     def _run_point(self, cell: "Cell", trial_id: str, params: dict, optuna_id: str | None = None) -> dict | None:
         """The point `params` (sampler parameters) as a trial: a Tune config, or None when it needs no run (invalid, outside a
         constraint, a duplicate of a trained one, or the twin of a running one)."""
-        trial = cell.new_trial(self.plan.searched_values(cell.name, params), cell.base_seed, StageName.EXPLORE)
+        trial = cell.new_trial(self.plan.searched_values(cell.name, params), cell.base_seed, StageName.EXPLORE, owner=self)
         trial.optuna_id = optuna_id
         try:
             cell.identify(trial)

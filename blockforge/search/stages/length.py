@@ -44,7 +44,7 @@ class Length(Stage):
             source = continuation(self.plan, cell.name, searched, before) if before else searched
             for seed in seeds:
                 continues = self._run_of(cell, source, seed)
-                cell.enqueue(continuation(self.plan, cell.name, searched, steps), seed, stage=StageName.LENGTH, continues=continues)
+                self.queue(cell, continuation(self.plan, cell.name, searched, steps), seed, stage=StageName.LENGTH, continues=continues)
         return bool(cell.queue)
 
     def _run_of(self, cell: "Cell", searched: dict, seed: int) -> str:

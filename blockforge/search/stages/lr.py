@@ -36,7 +36,7 @@ class LrSweep(Stage):
                 if lr == shared:
                     continue  # the confirmation trained it there
                 for seed in seeds:
-                    cell.enqueue({**finalist.searched, LR_KEY: lr}, seed, stage=StageName.LR)
+                    self.queue(cell, {**finalist.searched, LR_KEY: lr}, seed, stage=StageName.LR)
         return bool(cell.queue)
 
     @classmethod

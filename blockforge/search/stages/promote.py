@@ -30,7 +30,7 @@ class Promote(Stage):
             self.resumed = True
             for model, why in cell.promoted.items():
                 record = next(r for r in cell.records() if r.model == model and r.promoted)
-                cell.enqueue(dict(record.overrides), cell.base_seed, note=why, promoted=why)
+                self.queue(cell, dict(record.overrides), cell.base_seed, note=why, promoted=why)
             if cell.queue:
                 return True
         from blockforge.search.rungs import pruned_checks
@@ -47,7 +47,7 @@ class Promote(Stage):
             cell.promoted[check.model] = why
             cell.finalists.append(Finalist(dict(record.overrides), check.model, record.uniform_pre, note=why, promoted=why))
             for seed in [cell.base_seed + i for i in range(1 + (cell.extra_seeds if self.plan.confirm else 0))]:
-                cell.enqueue(dict(record.overrides), seed, note=why, promoted=why)
+                self.queue(cell, dict(record.overrides), seed, note=why, promoted=why)
             queued = True
         return queued and bool(cell.queue)
 

@@ -48,7 +48,7 @@ class Transfer(Stage):
         for k in prediction.candidates(self.plan.transfer.neighbours, highest_k(self.plan, prediction.depth)):
             searched = {MIX_LN_ALPHA: k / prediction.depth, **prediction.searched}
             for i in range(self.plan.transfer.seeds):
-                cell.enqueue(searched, cell.base_seed + i, note=note, stage=StageName.TRANSFER)
+                self.queue(cell, searched, cell.base_seed + i, note=note, stage=StageName.TRANSFER)
         return bool(cell.queue)
 
     @classmethod
