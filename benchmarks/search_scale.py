@@ -106,7 +106,7 @@ def run(cells: int, trials: int, sampler: str) -> dict:
     for cell in searcher.cells.values():
         explore = cell.stages[0]
         explore.sampler = Timed(explore.sampler, clock)
-    view = ProgressView(searcher.ledger, plan, every_s=10.0)
+    view = ProgressView(searcher.ledger, plan, every_s=10.0, scheduler=scheduler)
 
     class Trial:
         def __init__(self, trial_id, config):
@@ -128,7 +128,7 @@ def run(cells: int, trials: int, sampler: str) -> dict:
         handed += 1
         run_dir = trial_dir(search_dir, config["cell"], config["identity"])
         run_dir.mkdir(parents=True, exist_ok=True)
-        result = {}
+        result, stop = {}, False
         lines = []
         for step, value in curve(config, plan.settings[config["cell"]].depth).items():  # the trial's own work: not timed
             lines.append(json.dumps({"step": step, "event": "eval", "val_loss": value}))
@@ -142,6 +142,8 @@ def run(cells: int, trials: int, sampler: str) -> dict:
             if stop:
                 break
         t0 = time.perf_counter()
+        if not stop:
+            scheduler.on_trial_complete(None, Trial(trial_id, config), result)
         searcher.on_trial_complete(trial_id, result)
         view.update(journal=True)
         driver += time.perf_counter() - t0

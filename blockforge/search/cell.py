@@ -9,12 +9,11 @@ the latest ledger record of each of its trials, so nothing it decides reads the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
-from blockforge.search.ledger import APART, Ledger, StageName, TrialRecord
+from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.store import SearchStore
-from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial
+from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial, ended_status
 from blockforge.train.events import Status
 
 TRAINED_END = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
@@ -22,10 +21,8 @@ TRAINED_END = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
 
 @dataclass
 class SearchContext:
-    """What the cells of one search share: the plan, the folder and its ledger, the trials running (by Tune id).
-
-    The searcher registers its context by the search folder (`register`), where the scheduler finds the cells
-    (`SearchContext.of`): Tune keeps searcher and scheduler apart, and restores the searcher by unpickling it."""
+    """What the cells of one search share: the plan, the folder and its ledger, the trials running (by Tune id). The
+    searcher holds it; the scheduler keeps rungs of its own (scheduler.py), so nothing else reaches it."""
 
     plan: SearchPlan
     store: SearchStore  # where the search is kept; search_dir is its local folder (a remote one's working copy)
@@ -37,21 +34,9 @@ class SearchContext:
     guidance: object = None  # stages/guidance.Guidance: the guided cells' windows (with guide)
     cost_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # architecture + micro batch -> computed costs
 
-    _registered = {}
-
     @property
     def search_dir(self) -> str:
         return str(self.store.local)
-
-    def register(self) -> None:
-        SearchContext._registered[str(Path(self.search_dir).resolve())] = self
-
-    @classmethod
-    def of(cls, search_dir: str, plan: SearchPlan) -> "SearchContext":
-        found = cls._registered.get(str(Path(search_dir).resolve()))
-        if found is None:
-            raise RuntimeError(f"{search_dir}: no searcher runs this search in this process; create the CellSearcher first")
-        return found
 
     def proxies(self) -> list["Cell"]:
         targets = set(self.plan.target_names())
@@ -94,23 +79,9 @@ class Cell:
         self.finished = False
         self.answered = False  # its answer is confirmed: exploration, confirmation, promotion and racing have nothing more
         self._evidence = None
-        self._rungs = None  # rungs.RungTable, built when the scheduler first asks
 
     def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
-        return {**self.__dict__, "_evidence": None, "_rungs": None, "latest": {}}
-
-    @property
-    def rungs(self):
-        """The cell's rung table if the scheduler has asked for it yet (else None)."""
-        return self._rungs
-
-    def rung_table(self):
-        """The cell's rungs for the scheduler: read from the run folders once, then kept up to date."""
-        from blockforge.search.rungs import RungTable
-
-        if self._rungs is None:
-            self._rungs = RungTable(self.plan, self.name, self.base_seed, self.records())
-        return self._rungs
+        return {**self.__dict__, "_evidence": None, "latest": {}}
 
     # ---- the pipeline -------------------------------------------------------------------------------------
 
@@ -224,14 +195,8 @@ class Cell:
         """A trial of this cell ended: record it, tell its stage, and settle the twins that waited for it."""
         self.running.discard(trial_id)
         plan = self.plan
-        if error:
-            status, value = Status.FAILED, None
-        elif result.get("diverged"):
-            status, value = Status.DIVERGED, plan.penalty
-        elif result.get("step", 0) < (trial.steps or plan.settings[self.name].steps):  # before its own budget (cells may differ)
-            status, value = Status.PRUNED, None
-        else:
-            status, value = Status.COMPLETED, result.get("objective")
+        status = ended_status(result, error, trial.steps or plan.settings[self.name].steps)  # its own budget (cells may differ)
+        value = {Status.DIVERGED: plan.penalty, Status.COMPLETED: result.get("objective")}.get(status)
         measured = {k.removeprefix("cost_"): v for k, v in result.items() if k.startswith("cost_") and isinstance(v, (int, float))}
         if measured:
             trial.costs = {**trial.costs, **measured}
@@ -261,14 +226,6 @@ class Cell:
         self.latest[record.trial] = record
         if record.status in (Status.COMPLETED, Status.DIVERGED):
             self._evidence = None
-        if self._rungs is not None:
-            if record.status == Status.FAILED:
-                self._rungs.forget(record.trial)
-            elif record.status == Status.COMPLETED and record.value is not None and record.run_dir and record.stage not in APART:
-                from blockforge.search.rungs import Curve, curve_of
-
-                self.context.store.pull_run(record)  # its curve, as the trial put it up (a remote search's)
-                self._rungs.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, self.plan.metric), record.value))
 
     def records(self) -> list[TrialRecord]:
         """The latest record of each of the cell's trials, by number."""

@@ -26,7 +26,7 @@ from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.search import reaper
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
-from blockforge.search.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.ledger import Ledger, LedgerFollower, StageName, TrialRecord
 from blockforge.search.store import SearchStore
 from blockforge.spec import Assignment
 from blockforge.storage import Storage
@@ -174,18 +174,17 @@ def _join(address: str, settings: dict) -> None:
 class ProgressView:
     """A compact live view: counts by status and the best trial per cell, on every completion (throttled)."""
 
-    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0):
-        self.path, self.plan, self.every_s = ledger.path, plan, every_s  # no stream held: Tune pickles callbacks
+    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None):
+        """scheduler: the search's CellScheduler, whose rung tables the line quotes (Tune pickles both together)."""
+        self.path, self.plan, self.every_s, self.scheduler = ledger.path, plan, every_s, scheduler  # no stream held: Tune pickles callbacks
         self.started = time.time()
         self.last = 0.0
         self.journal = None  # views.LiveJournal, opened at the first update
+        self.ledger = LedgerFollower(self.path)  # follows what the searcher appends: each update reads only the new lines
+        self.evidence: dict[str, tuple[int, object]] = {}  # cell -> (its finished trials when computed, its evidence)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "journal": None}
-
-    @property
-    def ledger(self) -> Ledger:
-        return Ledger.opened(self.path)  # the searcher's: read once, appended to
+        return {**self.__dict__, "journal": None, "evidence": {}}
 
     def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
         records = self.ledger.records() if records is None else records
@@ -204,22 +203,15 @@ class ProgressView:
         for cell, e in self._evidence(records).items():
             if e.winner is not None:
                 against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.against_pre_ln and e.vs_reference and e.verdict != "Pre-LN" else ""
-                rung = self._rung_line(cell)
+                rung = self._rung_line(cell, records)
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
 
-    def _rung_line(self, name: str) -> str:
+    def _rung_line(self, name: str, records: list[TrialRecord]) -> str:
         """'rung 50: tau +0.33, 2 of 12 pairs cross (up to 0.021), 1 promoted': the cell's first rung against its
-        full-budget curves, from the rung table the scheduler keeps while the searcher runs here."""
-        from blockforge.search.cell import SearchContext
-
-        if self.plan.asha is None:
-            return ""
-        try:
-            cell = SearchContext.of(str(self.path.parent), self.plan).cells[name]
-        except (RuntimeError, KeyError):
-            return ""
-        table = cell.rungs
+        full-budget curves, from the rung table the scheduler keeps."""
+        tables = getattr(self.scheduler, "tables", None)
+        table = tables.get(name) if tables else None
         if table is None or not table.rungs:
             return ""
         tau, pairs, crossed, largest = table.agreement(table.rungs[0])
@@ -227,20 +219,22 @@ class ProgressView:
             return ""
         text = f"rung {table.rungs[0]}: tau {tau:+.2f}, " + (f"{crossed} of {pairs} pairs cross (up to {largest:.3g})" if crossed
                                                              else f"no pair of {pairs} crosses")
-        return text + (f", {len(cell.promoted)} promoted" if cell.promoted else "")
+        promoted = {r.model for r in records if r.cell == name and r.promoted}
+        return text + (f", {len(promoted)} promoted" if promoted else "")
 
     def _evidence(self, records: list[TrialRecord]) -> dict:
-        """Each cell's evidence: the cells' own (recomputed only when a cell got a result) while the searcher runs here."""
-        from blockforge.search.cell import SearchContext
-        from blockforge.search.evidence import min_seeds
-        from blockforge.search.evidence import evidence_by_cell
+        """Each cell's evidence, recomputed only for the cells with a trial finished since the last update."""
+        from blockforge.search.evidence import cell_evidence, min_seeds
 
-        try:
-            cells = SearchContext.of(str(self.path.parent), self.plan).cells
-        except RuntimeError:
-            return evidence_by_cell(self.plan, records)
-        return {name: cell.evidence(min_seeds(self.plan), against_pre_ln=self.plan.against_pre_ln)
-                for name, cell in cells.items() if name in self.plan.cell_names()}
+        finished = dict.fromkeys(self.plan.cell_names(), 0)
+        for r in records:
+            if r.cell in finished and r.status in (Status.COMPLETED, Status.DIVERGED):
+                finished[r.cell] += 1
+        for name, count in finished.items():
+            if self.evidence.get(name, (None,))[0] != count:
+                self.evidence[name] = (count, cell_evidence(records, name, mode=self.plan.mode, penalty=self.plan.penalty,
+                                                            min_seeds=min_seeds(self.plan), against_pre_ln=self.plan.against_pre_ln))
+        return {name: evidence for name, (_, evidence) in self.evidence.items()}
 
     def update(self, force: bool = False, tune_trials: list | None = None, journal: bool = True) -> None:
         now = time.time()
@@ -561,7 +555,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         store.fold()  # the storage's ledger is the working copy's, whole
     else:
         store.start_afresh()
-    ledger = store.attach(Ledger.reopen(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
+    ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
     with Interrupts(command) as interrupts, store.driving():
         started_here = ensure_ray(address)
         try:
@@ -590,7 +584,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
             raise
         finally:
             try:
-                ledger = store.attach(Ledger.opened(search_dir / "trials.jsonl"))  # the searcher's, which holds what it appended
+                ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # read again: what the searcher appended is in it
                 if interrupts.phase != "start":
                     ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
             except OSError:
@@ -704,6 +698,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
         tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
     else:
         scheduler = CellScheduler(plan, store) if plan.asha is not None else None
+        view.scheduler = scheduler  # the live line quotes its rungs (a restored Tuner unpickles the two together)
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(

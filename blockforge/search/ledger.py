@@ -112,23 +112,9 @@ def parse_record(line: str) -> TrialRecord | None:
 class Ledger:
     """trials.jsonl: read once when first asked, then held (the latest record of every trial) and appended to.
 
-    In a driver one instance per file holds it (`Ledger.opened`): the searcher opens it anew when it starts or
-    resumes (`Ledger.reopen`), and the scheduler, the live view and the reports read the same one.
+    The searcher holds the one that writes; the scheduler reads the file once for its rungs, and the live view
+    follows it (LedgerFollower), so nothing in a process shares an instance.
     """
-
-    _open: dict[str, "Ledger"] = {}
-
-    @classmethod
-    def reopen(cls, path: str | Path) -> "Ledger":
-        """A new instance for `path`, read from the file when first asked, and the one `opened` returns from now on."""
-        ledger = cls(path)
-        cls._open[str(Path(path).resolve())] = ledger
-        return ledger
-
-    @classmethod
-    def opened(cls, path: str | Path) -> "Ledger":
-        """The instance this process holds for `path` (a new one if none)."""
-        return cls._open.get(str(Path(path).resolve())) or cls.reopen(path)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -252,6 +238,62 @@ def _append_line(path: Path, line: bytes) -> None:
             if f.read(1) != b"\n":
                 line = b"\n" + line  # a line cut short by a kill stays on its own, not glued to this one
         f.write(line)
+
+
+class LedgerFollower:
+    """A reader that keeps up with a ledger someone else appends to (the live view's): the file once, then only the
+    whole lines added since it last looked, so following a search costs what its new records cost."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.folder = self.path.parent.resolve()
+        self.offset = 0  # bytes read
+        self.read: list[TrialRecord] = []  # every record read, in order
+        self.latest: dict[tuple[str, int], TrialRecord] = {}
+        self._sorted: list[TrialRecord] | None = None
+
+    def __getstate__(self) -> dict:  # Tune pickles what holds it: the path, not the records
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+    def _catch_up(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1  # whole lines only: one being written is read next time
+        for line in data[:end].decode(errors="replace").splitlines():
+            record = parse_record(line)
+            if record is None:
+                continue
+            record = located(record, self.folder)
+            key = (record.cell, record.trial)
+            if key not in self.latest or record.seq >= self.latest[key].seq:
+                self.latest[key] = record
+            self.read.append(record)
+            self._sorted = None
+        self.offset += end
+
+    def records(self) -> list[TrialRecord]:
+        """The latest record of every trial so far, in cell then trial order."""
+        self._catch_up()
+        if self._sorted is None:
+            self._sorted = sorted(self.latest.values(), key=lambda r: (r.cell, r.trial))
+        return list(self._sorted)
+
+    @property
+    def appended(self) -> int:
+        """How many records it has read (a position for `since`)."""
+        return len(self.read)
+
+    def since(self, position: int) -> list[TrialRecord]:
+        """The records written after `position` (an earlier `appended`), in order."""
+        self._catch_up()
+        return self.read[position:]
 
 
 def read_lines(path: Path) -> tuple[list[TrialRecord], list[int]]:

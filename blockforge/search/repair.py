@@ -100,7 +100,6 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
         atomic_write_text(target, text)
     for part in segment_files(ledger.folder):  # folded into both copies now
         part.unlink()
-    Ledger.reopen(path)
     said = []
     if damaged:
         said.append(f"line(s) {', '.join(map(str, damaged[:5]))} were not records")

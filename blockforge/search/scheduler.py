@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from blockforge.search.config import OBJECTIVE, SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir
+from blockforge.search.ledger import APART, StageName
+from blockforge.search.rungs import Curve, RungTable, curve_of
+from blockforge.search.stages.base import ended_status
+from blockforge.train.events import Status
 
 
 def sorted_percentile(ordered: list[float], percent: float) -> float:
@@ -40,7 +43,9 @@ def sorted_percentile(ordered: list[float], percent: float) -> float:
 
 
 class CellScheduler(FIFOScheduler):
-    """Guarded ASHA per cell (see the module's docstring); the cells are the searcher's, found by the search folder."""
+    """Guarded ASHA per cell (see the module's docstring). The scheduler owns its cells' rung tables: read from the
+    ledger and the run folders when first asked (so a resumed driver decides as the first one would have), then
+    kept up to date from what Tune tells it: each result, each end."""
 
     def __init__(self, plan: SearchPlan, search):
         """search: the search folder (a local path, or a search/store.SearchStore)."""
@@ -50,20 +55,49 @@ class CellScheduler(FIFOScheduler):
         self.plan = plan
         self.store = SearchStore.of(search)
         self.passed: dict[str, set[int]] = {}  # Tune trial id -> rungs it has been judged at (this driver)
+        self.tables: dict[str, RungTable] | None = None  # cell -> its rungs, read when first asked
+
+    def __getstate__(self) -> dict:  # Tune pickles the scheduler with its settings: the tables are read again
+        return {**self.__dict__, "tables": None}
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True
 
-    def _cell(self, name: str):
-        from blockforge.search.cell import SearchContext
+    def table(self, cell: str) -> RungTable:
+        """Cell `cell`'s rungs: every cell's are read from the ledger the first time any is asked for."""
+        if self.tables is None:
+            from blockforge.search.ledger import Ledger
 
-        return SearchContext.of(str(self.store.rebound().local), self.plan).cells[name]
+            store = self.store.rebound()  # the driver's (a scheduler restored from Tune's state was saved elsewhere)
+            records = Ledger(store.local / "trials.jsonl").records()
+            self.tables = {name: RungTable(self.plan, name, self.plan.settings[name].base_seed, [r for r in records if r.cell == name])
+                           for name in self.plan.cell_names()}
+        return self.tables[cell]
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        """A trial ended: a full-budget curve (not the learning-rate or length checks') joins its cell's rungs."""
+        config = trial.config
+        if self.tables is None or config["cell"] not in self.tables or StageName.of_config(config) in APART:
+            return  # not read yet: the ledger will hold it when they are
+        if ended_status(result or {}, False, config["steps"]) != Status.COMPLETED or self.plan.metric not in (result or {}):
+            return
+        store = self.store.rebound()
+        run_dir = trial_dir(store.local, config["cell"], config["identity"])
+        store.pull_run(str(run_dir))  # its curve, as the trial put it up (a remote search's)
+        curve = Curve(config["model"] or config["identity"], dict(config["overrides"])["train.seed"], curve_of(run_dir, self.plan.metric),
+                      result[self.plan.metric])
+        self.tables[config["cell"]].add_curve(curve)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        """A trial that failed counts at no rung."""
+        if self.tables is not None and trial.config.get("cell") in self.tables:
+            self.tables[trial.config["cell"]].forget(trial.config["number"])
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         if "step" not in result or StageName.of_config(trial.config) is not StageName.EXPLORE:  # rungs compare exploration trials
             return TrialScheduler.CONTINUE
         cell, step = trial.config["cell"], int(result["step"])
-        table = self._cell(cell).rung_table()
+        table = self.table(cell)
         decision = TrialScheduler.CONTINUE
         judged = self.passed.setdefault(trial.trial_id, set())
         due = [rung for rung in table.rungs if rung <= step and rung not in judged]
@@ -80,7 +114,7 @@ class CellScheduler(FIFOScheduler):
 
     def decide(self, cell: str, number: int, rung: int, value: float) -> "RungDecision":
         """Whether exploration trial `number` of `cell`, at `value` on reaching `rung`, is stopped there."""
-        table = self._cell(cell).rung_table()
+        table = self.table(cell)
         ordered = table.others(number, rung)  # best first
         if not ordered:
             return RungDecision(False, None, None)

@@ -32,7 +32,7 @@ class CellSearcher(Searcher):
         first points (baselines, enumerations) not yet tried come first, after the trials a stop interrupted."""
         super().__init__(metric=OBJECTIVE, mode=plan.mode)
         store = SearchStore.of(search)
-        ledger = store.attach(Ledger.reopen(store.local / "trials.jsonl"))  # read once, here
+        ledger = store.attach(Ledger(store.local / "trials.jsonl"))  # read once, here
         records = ledger.records() if from_ledger else []
         self.context = SearchContext(plan, store, ledger)
         self.context.predictions = Predictions(self.context)
@@ -40,7 +40,6 @@ class CellSearcher(Searcher):
         for index, name in enumerate(plan.all_names()):
             self.context.cells[name] = Cell(self.context, name, build_stages(self.context, name, index, records), records)
         self.turn = 0
-        self.context.register()
         if from_ledger:
             self._take_in(records)
 
@@ -108,8 +107,7 @@ class CellSearcher(Searcher):
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
         self.context.store = store = self.context.store.rebound()  # saved elsewhere (a moved folder, another machine): here
-        self.context.ledger = store.attach(Ledger.reopen(store.local / "trials.jsonl"))
-        self.context.register()
+        self.context.ledger = store.attach(Ledger(store.local / "trials.jsonl"))
         records = self.ledger.records()
         for cell in self.cells.values():
             cell.latest = {r.trial: r for r in records if r.cell == cell.name}

@@ -117,13 +117,13 @@ class SearchStore:
             rel = Path(run_dir).relative_to(self.local).as_posix()
             Mirror(self.storage, rel, Path(run_dir)).pull()
 
-    def pull_run(self, record: TrialRecord) -> None:
+    def pull_run(self, run_dir: str) -> None:
         """Take down the records of a finished trial's run folder (its curve, result and spec), once."""
-        if not self.remote or not record.run_dir or record.run_dir in self._pulled:
+        if not self.remote or not run_dir or run_dir in self._pulled:
             return
-        rel = Path(record.run_dir).relative_to(self.local).as_posix()
-        Mirror(self.storage, rel, Path(record.run_dir)).pull(lambda name: name in RUN_RECORDS, remove=False)
-        self._pulled.add(record.run_dir)
+        rel = Path(run_dir).relative_to(self.local).as_posix()
+        Mirror(self.storage, rel, Path(run_dir)).pull(lambda name: name in RUN_RECORDS, remove=False)
+        self._pulled.add(run_dir)
 
     def put(self, *names: str) -> None:
         """Put up the working copy's files `names` (relative to the search folder) as they are now."""

@@ -121,7 +121,7 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
         else:
             run_dir, mirror = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"])), None
         run_dir.mkdir(parents=True, exist_ok=True)
-        result = {}
+        result, stopped = {}, False
         for step, value in sorted(curve(config).items()):
             if value is None:  # the run diverged here: it reports the penalty and the flag, and ends
                 result = {OBJECTIVE: searcher.plan.penalty, "step": step, "diverged": True}
@@ -135,7 +135,10 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
             result = {OBJECTIVE: value, "val_loss": value, "step": step}
             searcher.on_trial_result(trial_id, result)
             if scheduler.on_trial_result(None, Trial(trial_id, config), result) == "STOP":
+                stopped = True
                 break
+        if not stopped:  # Tune tells the scheduler of the trials that end by themselves (it knows those it stopped)
+            scheduler.on_trial_complete(None, Trial(trial_id, config), result)
         searcher.on_trial_complete(trial_id, result)
         if stop_after is not None and stop_after(handed):
             break

@@ -43,6 +43,9 @@ class NoScheduler:
     def on_trial_result(self, tune_controller, trial, result) -> str:
         return "CONTINUE"
 
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        pass
+
 
 def _unit(*parts) -> random.Random:
     return random.Random(int(hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12], 16))

@@ -43,15 +43,14 @@ def test_a_search_killed_with_a_trial_in_flight_resumes_losing_nothing(name, par
         if in_flight is not None:
             break
     assert in_flight not in (None, Searcher.FINISHED)
-    ledger = Ledger.reopen(folder / "trials.jsonl")
+    ledger = Ledger(folder / "trials.jsonl")
     stopped = ledger.mark_interrupted("stopped with the search")  # what the driver does when it is stopped
     assert [r.identity for r in stopped] == [in_flight["identity"]]
     before = {(r.cell, r.trial): r for r in ledger.records() if r.status in FINISHED}
-    Ledger.reopen(folder / "trials.jsonl")
 
     searcher, scheduler = searcher_and_scheduler(plan, folder, resume=True)
     handed = drive_curves(searcher, scheduler, curve, limit=5000)
-    records = Ledger.reopen(folder / "trials.jsonl").records()
+    records = Ledger(folder / "trials.jsonl").records()
     after = {(r.cell, r.trial): r for r in records}
     again = [c for c in handed if c["identity"] == in_flight["identity"]]  # the trial in flight, taken up under its own number
     assert [(c["cell"], c["number"]) for c in again] == [(in_flight["cell"], in_flight["number"])]

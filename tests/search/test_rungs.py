@@ -107,7 +107,7 @@ def test_curves_that_cross_are_not_pruned_blind_and_a_pruned_one_inside_the_cros
     # summary's, which reads every curve again at the end
     from blockforge.search.rungs import cell_curves
 
-    table = searcher.cells["depth=6"].rung_table()
+    table = scheduler.table("depth=6")
     final = rung_checks(cell_curves(records, "depth=6", plan.metric), table.rungs, plan.mode)
     for rung, check in zip(table.rungs, final):
         tau, pairs, crossed, largest = table.agreement(rung)

@@ -79,7 +79,7 @@ def test_decisions_and_reports_of_a_search_in_object_storage_equal_a_local_folde
         store = SearchStore(Storage.open(where))
         handed = drive_curves(CellSearcher(plan, store), CellScheduler(plan, store), toy_curve, node=tmp_path / "node")
         store.pull_runs()
-        write_reports(store.local, plan, Ledger.opened(store.local / "trials.jsonl"), location=str(where))
+        write_reports(store.local, plan, Ledger(store.local / "trials.jsonl"), location=str(where))
         store.put_reports()
         found[str(where)] = decisions(plan, store.local, handed)
         reports[str(where)] = comparable(fetch_folder(store.storage, "compare"), str(where))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.train.events import Status
 
 if TYPE_CHECKING:
     from blockforge.search.config import SearchPlan
@@ -54,9 +55,21 @@ class Trial:
 
     def config(self, early_stop: bool) -> dict:
         """What Tune hands the trainable."""
-        return {"cell": self.cell, "number": self.number, "identity": self.identity, "stage": self.stage.value,
-                "overrides": [list(o) for o in self.overrides], "early_stop": early_stop,
+        return {"cell": self.cell, "number": self.number, "identity": self.identity, "model": self.model, "stage": self.stage.value,
+                "steps": self.steps, "overrides": [list(o) for o in self.overrides], "early_stop": early_stop,
                 **({"continues": self.continues} if self.continues else {})}
+
+
+def ended_status(result: dict, error: bool, steps: int) -> str:
+    """How a trial with a budget of `steps` ended, from its last result: failed (it raised), diverged, pruned (stopped
+    before its budget) or completed. The searcher records it; the scheduler's rungs take completed curves by it."""
+    if error:
+        return Status.FAILED
+    if result.get("diverged"):
+        return Status.DIVERGED
+    if result.get("step", 0) < steps:
+        return Status.PRUNED
+    return Status.COMPLETED
 
 
 @dataclass
