@@ -6,6 +6,7 @@ schema and resolves every cell with every baseline, so a bad search fails before
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -19,15 +20,14 @@ from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets, is_search_key
+from blockforge.spec.search import (LR_KEY, SEED_KEY, Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets,
+                                    is_search_key)
 from blockforge.spec.strict import canonical, parse, stable_hash
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
 DISCRETE = ("int", "choice", "grid", "layers")
 MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
 MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
-SEED_KEY = "train.seed"
-LR_KEY = "train.lr"
 STEPS_KEY = "train.steps"
 MARKER = "search.json"  # in a search folder: the search file, --set overrides and start directory it was started with
 OBJECTIVE = "objective"  # the key trials report the (penalised) objective under
@@ -572,128 +572,32 @@ def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], c
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str, kept: dict | None = None) -> SearchPlan:
     raw = read_yaml(path) if kept is None else kept["search"]
     given = list(overrides or [])
-    settings = [(k, v) for k, v in given if is_search_key(k)]  # --set of the search file's own keys...
-    overrides = [(k, v) for k, v in given if not is_search_key(k)]  # ...and of the recipe's
-    effective = apply_search_sets(raw, settings) if settings else raw
-    spec = parse(SearchFile, effective)
-
-    def fail(message: str, where: str) -> SpecError:
-        return SpecError(message, path=where, file=str(path))
-
-    base_path = path.parent / spec.base
-    if kept is None and not base_path.is_file():
-        raise fail(f"base recipe '{spec.base}' not found next to the search file ({base_path})", "base")
-    base_data = read_composed(base_path) if kept is None else kept["base"]
-
-    def checked(key: str, where: str) -> str:
-        try:
-            check_dotted_key(Recipe, key)
-        except SpecError as err:
-            raise fail(err.message, where) from None
-        return key
-
-    fixed = [(checked(k, f"overrides.{k}"), v) for k, v in spec.overrides.items()]
-    if spec.steps is not None:
-        fixed.append(("train.steps", spec.steps))
-    if spec.divergence.max_loss is not None:
-        fixed.append(("train.divergence.max_loss", spec.divergence.max_loss))
-    fixed += [tuple(o) for o in overrides or []]  # --set: over the file's fixed values
-    for key, values in spec.cells.items():
-        checked(key, f"cells.{key}")
-        if not values:
-            raise fail("lists no values", f"cells.{key}")
-        if len(set(map(json.dumps, values))) != len(values):
-            raise fail("lists the same value twice (two cells would be one)", f"cells.{key}")
-    dimensions = [_parse_dimension(checked(k, f"space.{k}"), v, f"space.{k}") for k, v in spec.space.items()]
-    if not dimensions:
-        raise fail("is empty: name at least one key to search, e.g. model.layers.mix_ln.alpha: {uniform: [0.0, 0.5]}", "space")
-    _check_fixed_or_searched(spec, overrides or [], fail)
-    for i, baseline in enumerate(spec.baselines):
-        _check_baseline(baseline, dimensions, f"baselines[{i}]", checked, fail)
-    sampler = spec.sampler
-    grid_size = None
-    if sampler.kind == "grid":
-        not_grid = [d.key for d in dimensions if d.kind not in ("grid", "choice")]
-        if not_grid:
-            raise fail(f"the grid sampler needs grid or choice values; {', '.join(not_grid)} is not", "sampler.grid")
-        grid_size = math.prod(len(d.args) for d in dimensions)
-    elif any(d.kind == "grid" for d in dimensions):
-        raise fail("grid values need sampler: {grid: {}}; use choice for tpe or random", "space")
-    trials = spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
-    if spec.confirm is not None and spec.confirm.lr is not None and (LR_KEY in spec.space or LR_KEY in spec.cells):
-        where = "space" if LR_KEY in spec.space else "cells"
-        raise fail(f"trains the finalists over its own learning-rate grid, and {LR_KEY} varies here already ({where}); drop one of them",
-                   "confirm.lr")
-    if spec.confirm is not None and (SEED_KEY in spec.space or SEED_KEY in spec.cells):
-        where = "space" if SEED_KEY in spec.space else "cells"
-        raise fail(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm", f"{where}.{SEED_KEY}")
-
+    sets = [(k, v) for k, v in given if is_search_key(k)]  # --set of the search file's own keys...
+    recipe_sets = [(k, v) for k, v in given if not is_search_key(k)]  # ...and of the recipe's
+    effective = apply_search_sets(raw, sets) if sets else raw
+    load = _Loader(path, parse(SearchFile, effective), workdir, kept)
+    spec, fail = load.spec, load.fail
+    fixed = load.fixed(recipe_sets)
+    dimensions = load.dimensions(recipe_sets)
+    trials = load.trials_per_cell(dimensions)
     cells = [dict(zip(spec.cells, combo)) for combo in itertools.product(*spec.cells.values())]
-    targets = _targets(spec, cells, dimensions, checked, fail)
+    targets = _targets(spec, cells, dimensions, load.checked, fail)
     objective, costs, constraints = _objectives(spec, effective, fail)
-    # Pre-flight: the base with the fixed overrides, in every cell (and target), with every baseline.
-    probes = [{}] + spec.baselines
-    depths, seeds, steps, eval_every, warmup = {}, {}, {}, {}, {}
-    for cell in cells + targets:
-        name = cell_name(cell)
-        for probe in probes:
-            try:
-                recipe = recipe_from_data(anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + list(probe.items())), workdir),
-                                          file=str(base_path))
-                if not probe and kept is None:
-                    _check_local_data(recipe)
-            except SpecError as err:
-                where = f"cell {name}" + (f" with baseline {probe}" if probe else "")
-                raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(path)) from None
-            if not probe:
-                depths[name], seeds[name] = recipe.model.depth, recipe.train.seed
-                steps[name], eval_every[name], warmup[name] = recipe.train.steps, recipe.train.eval_every, recipe.train.warmup_steps
-                reported = (*get_family(recipe.model.family).metrics, "train_loss")
-                if objective.metric not in reported:
-                    where = "objectives[0].metric" if spec.objectives else "objective.metric"
-                    raise fail(f"'{objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
-                               where)
-                for i, (cost, _) in enumerate(costs):
-                    if cost in LANGUAGE_COSTS and get_family(recipe.model.family).sample_unit != "tok":
-                        what = "tokens trained per second" if cost == "train_tokens_per_s" else "a KV cache, generated tokens"
-                        raise fail(f"{cost} is a language model's cost ({what}); model.family {recipe.model.family} has none: choose "
-                                   "parameters or train_flops_per_token", f"objectives[{i + 1}].cost")
-
-    _check_values(dimensions, cells, lambda cell, pairs: recipe_from_data(
-        anchor_data_paths(apply_overrides(base_data, fixed + list(cell.items()) + pairs), workdir), file=str(base_path)), fail)
-
+    settings, warmup = load.preflight(fixed, cells + targets, objective, costs)
+    _check_values(dimensions, cells, lambda cell, pairs: load.recipe(fixed + list(cell.items()) + pairs), fail)
     asha = spec.scheduler.asha if spec.scheduler is not None else None
-    for name in steps if asha is not None else ():
-        where = f" (cell {name})" if len(steps) > 1 else ""
-        if asha.grace_steps > steps[name]:
-            raise fail(f"grace_steps {asha.grace_steps} is more than the {steps[name]} steps of a trial{where}", "scheduler.asha.grace_steps")
-        if asha.grace_steps <= warmup[name]:
-            raise fail(
-                f"grace_steps {asha.grace_steps} ends inside the {warmup[name]}-step learning-rate warmup{where}, where losses do not rank "
-                f"trials yet; set it above {warmup[name]}", "scheduler.asha.grace_steps",
-            )
-    adjustments = []
-    if asha is not None and any(every == 0 or every > asha.grace_steps for every in eval_every.values()):
-        # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
-        was = ", ".join(sorted({str(every) for every in eval_every.values()}))
-        eval_every = dict.fromkeys(eval_every, asha.grace_steps)
-        fixed.append(("train.eval_every", asha.grace_steps))
-        adjustments.append(f"scheduler.asha: train.eval_every is set to {asha.grace_steps} (from {was}) in every cell, so each trial "
-                           f"is evaluated at every rung; it is part of every trial's identity. To choose it yourself, set "
-                           f"train.eval_every to at most {asha.grace_steps} in overrides")
-    mode = objective.mode
+    adjustments = _check_asha(asha, settings, warmup, fixed, fail)
     if costs and spec.confirm is not None and spec.confirm.max_seeds is not None:
         raise fail("races two leaders by one quality; a search with a cost axis confirms its front instead: drop max_seeds", "confirm.max_seeds")
     penalty = spec.divergence.penalty
     if penalty is None:
-        penalty = divergence_penalty(objective.metric, mode, spec.divergence.max_loss)
+        penalty = divergence_penalty(objective.metric, objective.mode, spec.divergence.max_loss)
     plan = SearchPlan(
-        file=str(path), name=spec.name or path.stem, base_data=base_data, overrides=fixed, cells=cells,
-        dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=mode,
-        penalty=float(penalty), asha=asha, sampler=sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
-        settings={name: CellSettings(steps[name], eval_every[name], seeds[name], depths[name]) for name in steps}, confirm=spec.confirm,
-        workdir=workdir,
-        inputs_hash=stable_hash({"file": raw, "base": base_data, "set": [[key, value] for key, value in given]}),
+        file=str(path), name=spec.name or path.stem, base_data=load.base_data, overrides=fixed, cells=cells,
+        dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=objective.mode,
+        penalty=float(penalty), asha=asha, sampler=spec.sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
+        settings=settings, confirm=spec.confirm, workdir=workdir,
+        inputs_hash=stable_hash({"file": raw, "base": load.base_data, "set": [[key, value] for key, value in given]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
     )
     _check_length(spec, plan, fail)
@@ -704,6 +608,133 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
 
     check_constraints(plan)  # costs come from the spec: a constraint nothing meets is refused before anything runs
     return plan
+
+
+class _Loader:
+    """Reading one search file: its base recipe, the keys it fixes and searches, and the recipe of each cell, every
+    problem one SpecError that names the file and the key."""
+
+    def __init__(self, path: Path, spec: SearchFile, workdir: str, kept: dict | None):
+        self.path, self.spec, self.workdir, self.kept = path, spec, workdir, kept
+        self.base_path = path.parent / spec.base
+        if kept is None and not self.base_path.is_file():
+            raise self.fail(f"base recipe '{spec.base}' not found next to the search file ({self.base_path})", "base")
+        self.base_data = read_composed(self.base_path) if kept is None else kept["base"]
+
+    def fail(self, message: str, where: str) -> SpecError:
+        return SpecError(message, path=where, file=str(self.path))
+
+    def checked(self, key: str, where: str) -> str:
+        """`key`, if it names a recipe value; else the error, located at `where` in the search file."""
+        try:
+            check_dotted_key(Recipe, key)
+        except SpecError as err:
+            raise self.fail(err.message, where) from None
+        return key
+
+    def recipe(self, assignments: list) -> Recipe:
+        """The base recipe with `assignments` applied, relative data paths anchored where the search was started."""
+        return recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, assignments), self.workdir), file=str(self.base_path))
+
+    def fixed(self, recipe_sets: list) -> list[tuple[str, Any]]:
+        """What every trial fixes: the file's overrides, steps and divergence ceiling, then --set over them."""
+        spec = self.spec
+        fixed = [(self.checked(k, f"overrides.{k}"), v) for k, v in spec.overrides.items()]
+        if spec.steps is not None:
+            fixed.append(("train.steps", spec.steps))
+        if spec.divergence.max_loss is not None:
+            fixed.append(("train.divergence.max_loss", spec.divergence.max_loss))
+        return fixed + [tuple(o) for o in recipe_sets]
+
+    def dimensions(self, recipe_sets: list) -> list[Dimension]:
+        """The searched keys, after the cells' and the baselines' keys are checked."""
+        spec, fail = self.spec, self.fail
+        for key, values in spec.cells.items():
+            self.checked(key, f"cells.{key}")
+            if not values:
+                raise fail("lists no values", f"cells.{key}")
+            if len(set(map(json.dumps, values))) != len(values):
+                raise fail("lists the same value twice (two cells would be one)", f"cells.{key}")
+        dimensions = [_parse_dimension(self.checked(k, f"space.{k}"), v, f"space.{k}") for k, v in spec.space.items()]
+        if not dimensions:
+            raise fail("is empty: name at least one key to search, e.g. model.layers.mix_ln.alpha: {uniform: [0.0, 0.5]}", "space")
+        _check_fixed_or_searched(spec, recipe_sets, fail)
+        for i, baseline in enumerate(spec.baselines):
+            _check_baseline(baseline, dimensions, f"baselines[{i}]", self.checked, fail)
+        return dimensions
+
+    def trials_per_cell(self, dimensions: list[Dimension]) -> int:
+        """The trial budget: the file's, else the grid's points and baselines, else 8."""
+        spec = self.spec
+        grid_size = None
+        if spec.sampler.kind == "grid":
+            not_grid = [d.key for d in dimensions if d.kind not in ("grid", "choice")]
+            if not_grid:
+                raise self.fail(f"the grid sampler needs grid or choice values; {', '.join(not_grid)} is not", "sampler.grid")
+            grid_size = math.prod(len(d.args) for d in dimensions)
+        elif any(d.kind == "grid" for d in dimensions):
+            raise self.fail("grid values need sampler: {grid: {}}; use choice for tpe or random", "space")
+        return spec.trials_per_cell if spec.trials_per_cell is not None else (grid_size + len(spec.baselines) if grid_size else 8)
+
+    def preflight(self, fixed: list, cells: list[dict], objective, costs: list) -> tuple[dict[str, CellSettings], dict[str, int]]:
+        """The base with the fixed overrides, in every cell (and target), with every baseline: each builds, and the
+        objectives are ones its family reports. Returns each cell's settings and learning-rate warmup."""
+        settings, warmup = {}, {}
+        for cell in cells:
+            name = cell_name(cell)
+            for probe in [{}] + self.spec.baselines:
+                try:
+                    recipe = self.recipe(fixed + list(cell.items()) + list(probe.items()))
+                    if not probe and self.kept is None:
+                        _check_local_data(recipe)
+                except SpecError as err:
+                    where = f"cell {name}" + (f" with baseline {probe}" if probe else "")
+                    raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(self.path)) from None
+                if not probe:
+                    train = recipe.train
+                    settings[name] = CellSettings(train.steps, train.eval_every, train.seed, recipe.model.depth)
+                    warmup[name] = train.warmup_steps
+                    self._check_reported(recipe, objective, costs)
+        return settings, warmup
+
+    def _check_reported(self, recipe: Recipe, objective, costs: list) -> None:
+        family = get_family(recipe.model.family)
+        reported = (*family.metrics, "train_loss")
+        if objective.metric not in reported:
+            where = "objectives[0].metric" if self.spec.objectives else "objective.metric"
+            raise self.fail(f"'{objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
+                            where)
+        for i, (cost, _) in enumerate(costs):
+            if cost in LANGUAGE_COSTS and family.sample_unit != "tok":
+                what = "tokens trained per second" if cost == "train_tokens_per_s" else "a KV cache, generated tokens"
+                raise self.fail(f"{cost} is a language model's cost ({what}); model.family {recipe.model.family} has none: choose "
+                                "parameters or train_flops_per_token", f"objectives[{i + 1}].cost")
+
+
+def _check_asha(asha: Asha | None, settings: dict[str, CellSettings], warmup: dict[str, int], fixed: list, fail) -> list[str]:
+    """ASHA's grace period against each cell's budget and warmup; where a cell would evaluate less often than the grace
+    period, train.eval_every is set to it (appended to `fixed`, each cell's settings updated) and said."""
+    if asha is None:
+        return []
+    for name, cell in settings.items():
+        where = f" (cell {name})" if len(settings) > 1 else ""
+        if asha.grace_steps > cell.steps:
+            raise fail(f"grace_steps {asha.grace_steps} is more than the {cell.steps} steps of a trial{where}", "scheduler.asha.grace_steps")
+        if asha.grace_steps <= warmup[name]:
+            raise fail(
+                f"grace_steps {asha.grace_steps} ends inside the {warmup[name]}-step learning-rate warmup{where}, where losses do not rank "
+                f"trials yet; set it above {warmup[name]}", "scheduler.asha.grace_steps",
+            )
+    if not any(cell.eval_every == 0 or cell.eval_every > asha.grace_steps for cell in settings.values()):
+        return []
+    # ASHA compares trials at their reports: evaluate at least at every grace period, or it stops late.
+    was = ", ".join(sorted({str(cell.eval_every) for cell in settings.values()}))
+    for name, cell in settings.items():
+        settings[name] = dataclasses.replace(cell, eval_every=asha.grace_steps)
+    fixed.append(("train.eval_every", asha.grace_steps))
+    return [f"scheduler.asha: train.eval_every is set to {asha.grace_steps} (from {was}) in every cell, so each trial "
+            f"is evaluated at every rung; it is part of every trial's identity. To choose it yourself, set "
+            f"train.eval_every to at most {asha.grace_steps} in overrides"]
 
 
 MAX_EPOCHS = 100  # a run that would pass over its training data more often than this is refused before anything trains

@@ -20,6 +20,8 @@ COMPUTED_COSTS = ("parameters", "non_embedding_parameters", "train_flops_per_tok
                   "peak_train_memory_bytes")
 MEASURED_COSTS = ("train_tokens_per_s", "generate_tokens_per_s")
 COSTS = {**dict.fromkeys(COMPUTED_COSTS, "min"), **dict.fromkeys(MEASURED_COSTS, "max")}
+SEED_KEY = "train.seed"  # the training seed: confirmation's replicates vary it
+LR_KEY = "train.lr"  # the learning rate: confirm.lr varies it
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # a search's name is a folder name: runs/search-<name>
 
 
@@ -289,6 +291,18 @@ class SearchFile:
         _at_least(self.steps, 1, "steps")
         _at_least(self.trials_per_cell, 1, "trials_per_cell")
         _at_least(self.max_concurrent, 1, "max_concurrent")
+        if self.confirm is not None:
+            self._check_confirm()
+
+    def _check_confirm(self) -> None:
+        """Confirmation trains its finalists over seeds (and, with lr, learning rates) itself: the search may not vary them."""
+        varied = lambda key: "space" if key in self.space else "cells" if key in self.cells else None  # noqa: E731
+        if self.confirm.lr is not None and varied(LR_KEY):
+            raise SpecError(f"trains the finalists over its own learning-rate grid, and {LR_KEY} varies here already ({varied(LR_KEY)}); "
+                            "drop one of them", path="confirm.lr")
+        if varied(SEED_KEY):
+            raise SpecError(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm",
+                            path=f"{varied(SEED_KEY)}.{SEED_KEY}")
 
 
 
