@@ -466,81 +466,118 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     """Write every report file; returns the summary table and claims as text (what the CLI prints). `location`: where
     the search is kept, as its views should name it (a remote search's URI; default: `search_dir`)."""
     records = ledger.records()
+    found = Findings.of(plan, records)
+    tensorboard = _write_data(search_dir, plan, records, found)
+    plots = _write_plots(search_dir, plan, records, found)
+    evidence = found.evidence
+    headers, rows = cell_rows(plan, records, evidence)
+    claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
+    pareto_markdown, pareto_lines = _pareto_markdown(plan, found)
+    transfer_markdown, transfer_lines, _ = transfer_section(found) if plan.targets else ("", [], [])
+    sections = {"table": markdown_table(headers, rows), "claims": claims, "lr": lr_lines, "views": _views_text(plan, plots, search_dir, location, tensorboard),
+                "pareto": pareto_markdown, "transfer": _transfer_markdown(plan, transfer_markdown)}
+    atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
+    verdict_line = found.boot.verdict if found.boot else found.law.verdict
+    keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
+    console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
+    advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
+    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
+            + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
+
+
+def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findings) -> bool:
+    """The data files: results.csv, the Optuna journal, TensorBoard (True when written), best/, alpha_law.json,
+    pareto.json and transfer.json."""
     write_results_csv(plan, records, search_dir / "results.csv")
     write_optuna_storage(search_dir, plan, records)
     tensorboard = write_tensorboard(search_dir, records)
-    found = Findings.of(plan, records)
-    evidence, points, law, boot, resampled = found.evidence, found.points, found.law, found.boot, found.resampled
-    write_best_specs(plan, evidence, search_dir / "best")
-    headers, rows = cell_rows(plan, records, evidence)
+    write_best_specs(plan, found.evidence, search_dir / "best")
     if plan.varies_alpha:  # a search that varies no alpha has no alpha law to write
         atomic_write_json(search_dir / "alpha_law.json", {
-            "points": points, "fits": [asdict(f) for f in law.fits], "verdict": law.verdict,
-            "bootstrap": asdict(boot) if boot else None,
+            "points": found.points, "fits": [asdict(f) for f in found.law.fits], "verdict": found.law.verdict,
+            "bootstrap": asdict(found.boot) if found.boot else None,
         })
-        plot_metric_vs_alpha(plan, records, evidence, search_dir / "metric_vs_alpha.png")
-    if points:
-        plot_best_alpha(points, law, boot, search_dir / "best_alpha_vs_depth.png")
-    claims = [evidence[cell].claim() for cell in plan.cell_names()]
-    basis = basis_section(found)
-    lr_checks = {cell: check for cell, check in found.lr_checks.items() if check is not None}
-    lr_lines = [check.text() for check in lr_checks.values()]
-    if lr_checks:
-        plot_lr_checks(plan, lr_checks, search_dir / "lr_check.png")
-    lr_markdown = ("\n## Learning rate: verdicts at each candidate's own learning rate\n\n" + "\n".join("- " + line for line in lr_lines) + "\n"
-                   if lr_lines else "")
-    pareto_markdown, pareto_lines = "", []
     if plan.costs:
-        fronts = found.fronts
-        pareto_markdown, pareto_lines = pareto_section(plan, fronts)
-        plot_fronts(plan, fronts, search_dir / "pareto.png")
         atomic_write_json(search_dir / "pareto.json", {cell: [{"point": i, "model": p.candidate.model, "overrides": p.candidate.overrides,
                                                                 "costs": p.costs, "mean": p.candidate.mean, "n": p.candidate.n, "on_front": p.on_front}
-                                                               for i, p in enumerate(front.points)] for cell, front in fronts.items()})
-        pareto_markdown = ("## Pareto fronts: quality against cost\n\nA point is on the front unless another is no more costly on "
-                           "every cost and better in quality by a paired 95% interval excluding zero; `blockforge export SEARCH --cell "
-                           "CELL --pick N` exports point N, `--under COST=X` the best quality within that budget. Plot: pareto.png.\n\n"
-                           + pareto_markdown + "\n")
-    transfer_markdown, transfer_lines, transfer_data = transfer_section(found) if plan.targets else ("", [], [])
+                                                               for i, p in enumerate(front.points)] for cell, front in found.fronts.items()})
     if plan.targets:
-        atomic_write_json(search_dir / "transfer.json", transfer_data)
-        if any(evidence[t].candidates for t in plan.target_names()):
-            plot_target_curves(plan, evidence, found.gaps, search_dir / "transfer_curves.png")
-        transfer_markdown = ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
-                             f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{transfer_markdown}\n")
+        atomic_write_json(search_dir / "transfer.json", transfer_section(found)[2])
+    return tensorboard
+
+
+def _write_plots(search_dir: Path, plan: SearchPlan, records: list, found: Findings) -> list[str]:
+    """Draw the plots the search has data for; returns their file names (what the summary lists)."""
+    evidence = found.evidence
+    lr_checks = {cell: check for cell, check in found.lr_checks.items() if check is not None}
+    plots = {
+        "metric_vs_alpha.png": (plan.varies_alpha, lambda path: plot_metric_vs_alpha(plan, records, evidence, path)),
+        "best_alpha_vs_depth.png": (bool(found.points), lambda path: plot_best_alpha(found.points, found.law, found.boot, path)),
+        "pareto.png": (bool(plan.costs), lambda path: plot_fronts(plan, found.fronts, path)),
+        "lr_check.png": (bool(lr_checks), lambda path: plot_lr_checks(plan, lr_checks, path)),
+        "transfer_curves.png": (bool(plan.targets) and any(evidence[t].candidates for t in plan.target_names()),
+                                lambda path: plot_target_curves(plan, evidence, found.gaps, path)),
+    }
+    drawn = []
+    for name, (wanted, draw) in plots.items():
+        if wanted:
+            draw(search_dir / name)
+            drawn.append(name)
+    return drawn
+
+
+def _pareto_markdown(plan: SearchPlan, found: Findings) -> tuple[str, list[str]]:
+    if not plan.costs:
+        return "", []
+    markdown, lines = pareto_section(plan, found.fronts)
+    return ("## Pareto fronts: quality against cost\n\nA point is on the front unless another is no more costly on "
+            "every cost and better in quality by a paired 95% interval excluding zero; `blockforge export SEARCH --cell "
+            "CELL --pick N` exports point N, `--under COST=X` the best quality within that budget. Plot: pareto.png.\n\n"
+            + markdown + "\n"), lines
+
+
+def _transfer_markdown(plan: SearchPlan, markdown: str) -> str:
+    if not plan.targets:
+        return ""
+    return ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
+            f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{markdown}\n")
+
+
+def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: str | None, tensorboard: bool) -> str:
+    """Where to look next: the CSV, best specs, plots, the Optuna journal and TensorBoard."""
     where = location or str(search_dir)
     curves = (f"Curves of every trial: `tensorboard --logdir {where}/tensorboard`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
-    plots = ["metric_vs_alpha.png", "best_alpha_vs_depth.png"] if plan.varies_alpha else []
-    plots += ["pareto.png"] if plan.costs else []
-    plots += ["lr_check.png"] if lr_checks else []
-    plots += ["transfer_curves.png"] if plan.targets and any(evidence[t].candidates for t in plan.target_names()) else []
-    views = ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
-             + f"\nOptuna studies, one per cell: `optuna-dashboard {where}/optuna.journal`. {curves}"
-             + (" (Take the journal down first: optuna-dashboard reads a local file.)" if location and location != str(search_dir) else ""))
-    confirm = plan.confirm
-    finalists = f"the {confirm.top} best distinct models" if confirm and not plan.costs else (f"up to {2 * confirm.top} points of the explored front" if confirm else "")
-    stages = (f"confirmation: {finalists}, the baselines" + (" and the best Pre-LN model" if plan.against_pre_ln else "") + ", each trained to the full "
-              f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else "")
-              if confirm else "no confirmation (one seed per model: no intervals)")
-    details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
-    from blockforge.search.checks_report import checks_markdown
+    return ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
+            + f"\nOptuna studies, one per cell: `optuna-dashboard {where}/optuna.journal`. {curves}"
+            + (" (Take the journal down first: optuna-dashboard reads a local file.)" if location and location != str(search_dir) else ""))
 
-    checks = checks_markdown(found)
+
+def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:
+    """summary.md: the objective and method, the table and claims, then a section per kind of evidence."""
+    from blockforge.search.checks_report import checks_markdown
+    from blockforge.search.stages.confirm import describe_confirmation
+
+    evidence = found.evidence
+    lr_lines = sections["lr"]
+    lr_markdown = ("\n## Learning rate: verdicts at each candidate's own learning rate\n\n" + "\n".join("- " + line for line in lr_lines) + "\n"
+                   if lr_lines else "")
+    details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
     summary = f"""# Search {plan.name}
 
-Objective: {plan.mode} {plan.metric} after {budget_text(plan)}; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {stages}.
+Objective: {plan.mode} {plan.metric} after {budget_text(plan)}; {plan.trials_per_cell} exploration trials per cell; sampler {plan.sampler.kind}; scheduler {'ASHA' if plan.asha else 'none'}; {describe_confirmation(plan)}.
 Intervals: {METHOD} over the training seeds two models share (candidates trained with one seed see the same data order and start from the same weights).{''.join(chr(10) + 'Adjusted: ' + a + '.' for a in plan.adjustments)}
 
-{markdown_table(headers, rows)}
+{sections["table"]}
 
-{chr(10).join('- ' + c for c in claims)}
+{chr(10).join('- ' + c for c in sections["claims"])}
 
 What each answer rests on:
 
-{chr(10).join('- ' + line for line in basis)}
+{chr(10).join('- ' + line for line in basis_section(found))}
 {lr_markdown}
-{views}
+{sections["views"]}
 
 ## Candidates per cell
 
@@ -554,8 +591,8 @@ which pairs cross (behind there, ahead at the end). A pruned trial that was behi
 a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
 
 {early_stopping_section(found)}
-{checks}
-{pareto_markdown}{transfer_markdown}## Compute: the plan beside what was trained
+{checks_markdown(found)}
+{sections["pareto"]}{sections["transfer"]}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and
 invalid points cost nothing), their steps, those steps' FLOPs at the cell's planned FLOPs per step, and
@@ -568,11 +605,5 @@ the seconds their trials reported.
 Each cell's winner has k Post-LN layers out of L; every alpha in [k/L, (k+1)/L) builds it. The laws
 below are fitted to k/L.
 
-{law_section(points, law, boot, resampled, plan.metric)}""" if plan.varies_alpha else "")
-    atomic_write_text(search_dir / "summary.md", summary)
-    verdict_line = boot.verdict if boot else law.verdict
-    keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
-    console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
-    advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
-            + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
+{law_section(found.points, found.law, found.boot, found.resampled, plan.metric)}""" if plan.varies_alpha else "")
+    return summary

@@ -29,6 +29,16 @@ RACE_METHOD = (f"sequential paired t-test against the leader before each further
                f"(family-wise error {RACE_ERROR:g})")
 
 
+def describe_confirmation(plan: SearchPlan) -> str:
+    """What confirmation does in this search, in a clause (the summary's first line)."""
+    confirm = plan.confirm
+    if confirm is None:
+        return "no confirmation (one seed per model: no intervals)"
+    finalists = f"up to {Front.top(plan)} points of the explored front" if plan.costs else f"the {Confirm.top(plan)} best distinct models"
+    return (f"confirmation: {finalists}, the baselines" + (" and the best Pre-LN model" if plan.against_pre_ln else "") + ", each trained to the full "
+            f"budget with {confirm.seeds} further seed(s)" + (f", racing up to {confirm.max_seeds}" if confirm.max_seeds else ""))
+
+
 def race_looks(plan: SearchPlan) -> int:
     """How many times a cell's finalists are compared before a further seed: at 2, 3, ... up to all but the last seed."""
     confirm = plan.confirm
