@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.store import SearchStore
-from blockforge.search.stages.base import Finalist, Outcome, Stage, Trial, ended_status
+from blockforge.search.stages.base import Finalists, Outcome, Stage, Trial, ended_status
 from blockforge.train.events import Status
 
 TRAINED_END = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
@@ -72,10 +72,8 @@ class Cell:
         self.done: dict[str, Outcome] = {}  # identity -> the outcome that counts for it
         self.waiting: dict[str, list[Trial]] = {}  # identity -> twins of a running trial, settled when it ends
         self.orphans: dict[str, int] = {}  # identity -> number of a trial a stopped driver lost while it ran
-        self.finalists: list[Finalist] = []  # confirmation's models, promoted ones included
-        self.extra_seeds = 0  # further seeds its finalists have so far
-        self.dropped: dict[str, str] = {}  # model -> why it left confirmation's race (clearly behind the leader)
-        self.promoted = {r.model: r.promoted for r in self.latest.values() if r.promoted}  # model -> why it was brought back
+        # what its confirming stages share; models an earlier driver promoted stay promoted (a search rebuilt from its ledger)
+        self.finalists = Finalists(promoted={r.model: r.promoted for r in self.latest.values() if r.promoted})
         self.finished = False
         self.answered = False  # its answer is confirmed: exploration, confirmation, promotion and racing have nothing more
         self._evidence = None
@@ -166,7 +164,7 @@ class Cell:
         return trial.config(early_stop=trial.stage is StageName.EXPLORE and self.plan.stops_early(self.name))
 
     def enqueue(self, searched: dict, seed: int, *, owner: Stage, note: str = "", stage: StageName = StageName.CONFIRM, promoted: str = "",
-                continues: str = "") -> None:
+                continues: str = "") -> bool:
         """Queue model `searched` with `seed` for stage `owner` (Stage.queue) unless that replicate already finished, runs or waits
         (`stage`: what its record says; `continues`: the run folder, relative to the search, whose last checkpoint it starts from)."""
         trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted, continues=continues, owner=owner)
@@ -175,12 +173,17 @@ class Cell:
         outcome = self.done.get(trial.identity)
         if outcome is not None and outcome.status in (Status.COMPLETED, Status.DIVERGED, Status.FAILED):
             self.asked -= 1  # nothing to run: give the number back
-            return
+            return False
         taken = {self.context.live[i].identity for i in self.running} | {t.identity for t in self.queue}
         if trial.identity in taken:
             self.asked -= 1
-            return
+            return False
         self.queue.append(trial)
+        return True
+
+    def hold_twin(self, trial: Trial) -> None:
+        """A proposal whose identity runs now: settled as its duplicate when that trial ends."""
+        self.waiting.setdefault(trial.identity, []).append(trial)
 
     def is_running(self, identity: str) -> bool:
         return any(self.context.live[i].identity == identity for i in self.running)

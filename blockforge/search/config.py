@@ -20,7 +20,7 @@ from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import (LR_KEY, SEED_KEY, Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets,
+from blockforge.spec.search import (SEED_KEY, Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets,
                                     is_search_key)
 from blockforge.spec.strict import canonical, parse, stable_hash
 

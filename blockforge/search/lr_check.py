@@ -14,11 +14,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from blockforge.search.config import LR_KEY, SearchPlan
+from blockforge.search.config import SearchPlan
 from blockforge.search.evidence import CellEvidence, Difference, describe, paired_difference, verdict
 from blockforge.search.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
-from blockforge.spec.search import mode_sign
+from blockforge.spec.search import LR_KEY, mode_sign
 
 RESAMPLES = 1000
 

@@ -134,8 +134,8 @@ def test_a_search_killed_after_a_promotion_keeps_every_decision(tmp_path):
 
     search_dir = str(tmp_path / "search")
     first = CellSearcher(plan, search_dir)
-    drive_curves(first, CellScheduler(plan, search_dir), toy_curve, stop_after=lambda handed: any(cell.promoted for cell in first.cells.values()))
-    assert any(cell.promoted for cell in first.cells.values())
+    drive_curves(first, CellScheduler(plan, search_dir), toy_curve, stop_after=lambda handed: any(cell.finalists.promoted for cell in first.cells.values()))
+    assert any(cell.finalists.promoted for cell in first.cells.values())
     # the driver dies; its Tune state is lost; the ledger and the run folders are what is left
     again = CellSearcher(plan, search_dir, from_ledger=True)
     drive_curves(again, CellScheduler(plan, search_dir), toy_curve)

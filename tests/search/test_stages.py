@@ -28,9 +28,7 @@ class Recheck(Stage):
             return False
         self.done = True
         winner = cell.evidence(1).winner
-        if winner is not None:
-            self.queue(cell, winner.overrides, cell.base_seed + 99, note="recheck")
-        return bool(cell.queue)
+        return winner is not None and self.queue(cell, winner.overrides, [cell.base_seed + 99], note="recheck")
 
     def on_complete(self, cell, trial, outcome):
         self.heard.append((trial.number, outcome.status))

@@ -21,13 +21,27 @@ if TYPE_CHECKING:
 
 
 class CellLike(Protocol):
-    """What the Stage defaults name of the cell they run in: search/cell.py's Cell, which is built on this module
-    (the stages themselves take the Cell)."""
+    """What a stage that queues trials may read and change of its cell (search/cell.py's Cell): its finalists, through
+    their methods; its own trials, through Stage.queue; everything else it only reads. The exploring stage, which is
+    the cell's sampler, takes the Cell itself."""
 
     name: str
     plan: SearchPlan
+    base_seed: int
+    finalists: "Finalists"  # shared by the confirming stages, changed through its methods
+    done: dict[str, "Outcome"]  # identity -> the outcome that counts for it (read only)
+    latest: dict[int, TrialRecord]  # trial number -> its latest record (read only)
+    context: Any  # the search's (read only: a transfer target asks whether the proxy cells are done)
 
     def records(self) -> list[TrialRecord]: ...
+
+    def evidence(self, min_seeds: int, against_pre_ln: bool = True): ...
+
+    def enqueue(self, searched: dict[str, Any], seed: int, *, owner: "Stage", **kwargs) -> bool: ...
+
+    def new_trial(self, searched: dict[str, Any], seed: int, stage: StageName, **kwargs) -> "Trial": ...
+
+    def identify(self, trial: "Trial") -> None: ...
 
 
 @dataclass
@@ -92,6 +106,37 @@ class Finalist:
     promoted: str = ""
 
 
+@dataclass
+class Finalists:
+    """What a cell's confirming stages share, and change only through these methods: the finalists (Confirm chooses
+    them, Promote adds the models it brings back), the further seeds they have had (Confirm's rounds, Race's), and
+    those that left the race (Confirm drops them; Race and LrSweep leave them out)."""
+
+    models: list[Finalist] = field(default_factory=list)
+    extra_seeds: int = 0  # further seeds the finalists have so far
+    dropped: dict[str, str] = field(default_factory=dict)  # model -> why it left the race (clearly behind the leader)
+    promoted: dict[str, str] = field(default_factory=dict)  # model -> why it was brought back to the full budget
+
+    def choose(self, models: list[Finalist]) -> None:
+        self.models, self.extra_seeds = list(models), 0
+
+    def promote(self, finalist: Finalist) -> None:
+        self.promoted[finalist.model] = finalist.promoted
+        self.models.append(finalist)
+
+    def drop(self, model: str, why: str) -> None:
+        self.dropped[model] = why
+
+    def next_seed(self) -> int:
+        """One more further seed: how many there are now."""
+        self.extra_seeds += 1
+        return self.extra_seeds
+
+    def racing(self) -> list[Finalist]:
+        """The finalists still in the race."""
+        return [f for f in self.models if f.model not in self.dropped]
+
+
 class Stage:
     """A stage of a cell's pipeline. Subclasses override what they do; the defaults do nothing."""
 
@@ -113,10 +158,11 @@ class Stage:
         queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
         return False
 
-    def queue(self, cell, searched: dict[str, Any], seed: int, **kwargs) -> None:
-        """Queue model `searched` with `seed` in `cell` as this stage's trial (its outcome comes back to this stage's
-        on_complete, whatever its record's stage says); see Cell.enqueue for the keywords."""
-        cell.enqueue(searched, seed, owner=self, **kwargs)
+    def queue(self, cell, searched: dict[str, Any], seeds: list[int], **kwargs) -> bool:
+        """Queue model `searched` with each of `seeds` in `cell` as this stage's trials (their outcomes come back to this
+        stage's on_complete, whatever their records' stage says); True when any was queued (others had run, run now or
+        wait already). See Cell.enqueue for the keywords."""
+        return any([cell.enqueue(searched, seed, owner=self, **kwargs) for seed in seeds])
 
     def on_result(self, cell: CellLike, trial: Trial, result: dict) -> None:
         """An intermediate result of one of this stage's trials."""

@@ -11,17 +11,14 @@ while their paired interval includes zero, up to max_seeds. Their trials are rec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from blockforge.errors import SpecError
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import Finalist, Outcome, Stage
+from blockforge.search.stages.base import CellLike, Finalist, Outcome, Stage
 from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 
-if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
 
 
 RACE_ERROR = 0.05  # the chance, over every look of a race, that a finalist no worse than the leader is dropped
@@ -89,58 +86,50 @@ class Confirm(Stage):
         self.plan = plan
         self.opened = False
 
-    def open(self, cell: "Cell") -> bool:
+    def open(self, cell: CellLike) -> bool:
         if not self.opened:
             self.opened = True
             self._choose(cell)
-        confirm = self.plan.confirm
-        while cell.extra_seeds < confirm.seeds:  # one round: a further seed for every finalist still racing
+        finalists = cell.finalists
+        while finalists.extra_seeds < self.plan.confirm.seeds:  # one round: a further seed for every finalist still racing
             self._drop_behind(cell)
-            cell.extra_seeds += 1
-            seed = cell.base_seed + cell.extra_seeds
-            for finalist in self.racing(cell):
-                for earlier in range(cell.base_seed, seed + 1):  # a promoted finalist catches up on the earlier seeds
-                    self.queue(cell, finalist.searched, earlier, note=finalist.note, promoted=finalist.promoted)
-            if cell.queue:
+            seeds = list(range(cell.base_seed, cell.base_seed + finalists.next_seed() + 1))  # a promoted finalist catches up on earlier ones
+            queued = [self.queue(cell, f.searched, seeds, note=f.note, promoted=f.promoted) for f in finalists.racing()]
+            if any(queued):
                 return True
         return False
 
-    def _choose(self, cell: "Cell") -> None:
-        finalists = self.finalists(cell, self.ranked(cell))
+    def _choose(self, cell: CellLike) -> None:
         unique: dict[str, Finalist] = {}
-        for f in finalists:
+        for f in self.finalists(cell, self.ranked(cell)):
             unique.setdefault(f.model, Finalist(f.searched, f.model, f.uniform_pre))
-        for model, why in cell.promoted.items():  # models an earlier driver promoted stay finalists (a search rebuilt from its ledger)
+        for model, why in cell.finalists.promoted.items():  # models an earlier driver promoted stay finalists (a search rebuilt from its ledger)
             if model not in unique:
                 record = next(r for r in cell.records() if r.model == model and r.promoted)
                 unique[model] = Finalist(dict(record.overrides), model, record.uniform_pre, note=why, promoted=why)
-        cell.finalists = list(unique.values())
-        cell.extra_seeds = 0
+        cell.finalists.choose(list(unique.values()))
 
-    @staticmethod
-    def racing(cell: "Cell") -> list[Finalist]:
-        return [f for f in cell.finalists if f.model not in cell.dropped]
-
-    def _drop_behind(self, cell: "Cell") -> None:
+    def _drop_behind(self, cell: CellLike) -> None:
         """Before a further seed: the finalists clearly behind the leader on the seeds so far leave the race."""
         from blockforge.search.evidence import describe
 
-        if cell.extra_seeds < 1:
+        finalists = cell.finalists
+        if finalists.extra_seeds < 1:
             return
         by_model = {c.model: c for c in cell.evidence(1).candidates}
-        in_race = [by_model[f.model] for f in self.racing(cell) if f.model in by_model]
-        seeds = list(range(cell.base_seed, cell.base_seed + cell.extra_seeds + 1))
+        in_race = [by_model[f.model] for f in finalists.racing() if f.model in by_model]
+        seeds = list(range(cell.base_seed, cell.base_seed + finalists.extra_seeds + 1))
         for model, (leader, diff) in race_drops(in_race, seeds, self.plan).items():
-            cell.dropped[model] = f"left the race after {diff.n} seeds: behind {describe(leader)} by {diff.text()}"
+            finalists.drop(model, f"left the race after {diff.n} seeds: behind {describe(leader)} by {diff.text()}")
 
-    def ranked(self, cell: "Cell") -> list[Outcome]:
+    def ranked(self, cell: CellLike) -> list[Outcome]:
         """The cell's explored models: completed ones best first, then pruned ones, furthest and best first."""
         sign = mode_sign(self.plan.mode)
         explored = [o for o in cell.done.values() if o.trial.stage == StageName.EXPLORE]
         ranked = sorted((o for o in explored if o.status == Status.COMPLETED and o.value is not None), key=lambda o: sign * o.value)
         return ranked + sorted((o for o in explored if o.status == Status.PRUNED), key=lambda o: (-o.record.steps, sign * (o.record.value or 0.0)))
 
-    def finalists(self, cell: "Cell", ranked: list[Outcome]) -> list[Finalist]:
+    def finalists(self, cell: CellLike, ranked: list[Outcome]) -> list[Finalist]:
         """The best `top` explored models, the baselines and (when none of them is) the best Pre-LN model seen."""
         chosen = [self._finalist(o) for o in self.choose(ranked)]
         for baseline in self.plan.baselines:
@@ -205,19 +194,17 @@ class Race(Stage):
     def __init__(self, plan: SearchPlan):
         self.plan = plan
 
-    def open(self, cell: "Cell") -> bool:
+    def open(self, cell: CellLike) -> bool:
         confirm = self.plan.confirm
-        if cell.extra_seeds >= confirm.max_seeds:
+        if cell.finalists.extra_seeds >= confirm.max_seeds:
             return False
         evidence = cell.evidence(confirm.seeds + 1)
         if evidence.runner_up is None or evidence.vs_runner_up is None or evidence.vs_runner_up.excludes_zero():
             return False
-        cell.extra_seeds += 1
-        seed = cell.base_seed + cell.extra_seeds
-        racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None and c.model not in cell.dropped}
-        for candidate in racing.values():
-            self.queue(cell, candidate.overrides, seed)
-        return bool(cell.queue)
+        seed = cell.base_seed + cell.finalists.next_seed()
+        dropped = cell.finalists.dropped
+        racing = {c.model: c for c in (evidence.winner, evidence.runner_up, evidence.reference) if c is not None and c.model not in dropped}
+        return any([self.queue(cell, candidate.overrides, [seed]) for candidate in racing.values()])
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:

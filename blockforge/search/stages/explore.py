@@ -138,7 +138,7 @@ class Explore(Stage):
             cell.settle_duplicate(trial, cell.done[trial.identity])
             return None
         if cell.is_running(trial.identity):
-            cell.waiting.setdefault(trial.identity, []).append(trial)
+            cell.hold_twin(trial)
             return None
         return cell.launch(trial, trial_id)
 

@@ -8,14 +8,11 @@ said there).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from blockforge.search.config import SearchPlan, trial_rel
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import Stage
+from blockforge.search.stages.base import CellLike, Stage
 
-if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
 
 
 class Length(Stage):
@@ -25,7 +22,7 @@ class Length(Stage):
     def __init__(self, plan: SearchPlan):
         self.plan = plan
 
-    def open(self, cell: "Cell") -> bool:
+    def open(self, cell: CellLike) -> bool:
         from blockforge.search.evidence import min_seeds
         from blockforge.search.length_check import continuation, length_check, proxy_searched
 
@@ -39,15 +36,16 @@ class Length(Stage):
         steps = self.plan.length_steps(cell.name)[len(done)]
         before = done[-1].steps if done else None
         seeds = sorted(set(check.candidate.values) & set(check.reference.values))
+        queued = False
         for candidate in (check.candidate, check.reference):
             searched = proxy_searched(candidate.overrides)
             source = continuation(self.plan, cell.name, searched, before) if before else searched
             for seed in seeds:
-                continues = self._run_of(cell, source, seed)
-                self.queue(cell, continuation(self.plan, cell.name, searched, steps), seed, stage=StageName.LENGTH, continues=continues)
-        return bool(cell.queue)
+                queued |= self.queue(cell, continuation(self.plan, cell.name, searched, steps), [seed], stage=StageName.LENGTH,
+                                     continues=self._run_of(cell, source, seed))
+        return queued
 
-    def _run_of(self, cell: "Cell", searched: dict, seed: int) -> str:
+    def _run_of(self, cell: CellLike, searched: dict, seed: int) -> str:
         """The run folder (relative to the search) of model `searched` trained with `seed` in this cell."""
         from blockforge.search.config import trial_identity
 

@@ -6,15 +6,13 @@ with stage `lr` and stay out of the cell's main evidence (which compares models 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from blockforge.search.config import LR_KEY, SearchPlan
+from blockforge.search.config import SearchPlan
+from blockforge.spec.search import LR_KEY
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import Stage
+from blockforge.search.stages.base import CellLike, Stage
 from blockforge.search.stages.confirm import Confirm, Front
 
-if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
 
 
 class LrSweep(Stage):
@@ -25,19 +23,18 @@ class LrSweep(Stage):
         self.plan = plan
         self.opened = False
 
-    def open(self, cell: "Cell") -> bool:
+    def open(self, cell: CellLike) -> bool:
         if self.opened:
             return False
         self.opened = True
         shared = self.plan.shared_lr(cell.name)
         seeds = [cell.base_seed + i for i in range(self.plan.confirm.seeds + 1)]
-        for finalist in Confirm.racing(cell):  # a finalist that left confirmation's race is not checked further
+        queued = False
+        for finalist in cell.finalists.racing():  # a finalist that left confirmation's race is not checked further
             for lr in self.plan.confirm.lr.grid:
-                if lr == shared:
-                    continue  # the confirmation trained it there
-                for seed in seeds:
-                    self.queue(cell, {**finalist.searched, LR_KEY: lr}, seed, stage=StageName.LR)
-        return bool(cell.queue)
+                if lr != shared:  # the confirmation trained it there
+                    queued |= self.queue(cell, {**finalist.searched, LR_KEY: lr}, seeds, stage=StageName.LR)
+        return queued
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:

@@ -8,14 +8,11 @@ of its records (`promoted`), so a search rebuilt from its ledger keeps the decis
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import Finalist, Stage
+from blockforge.search.stages.base import CellLike, Finalist, Stage
 
-if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
 
 
 class Promote(Stage):
@@ -25,31 +22,30 @@ class Promote(Stage):
         self.plan = plan
         self.resumed = False
 
-    def open(self, cell: "Cell") -> bool:
+    def open(self, cell: CellLike) -> bool:
         if self.plan.confirm is None and not self.resumed:  # no confirmation took them back in: models promoted before this driver
             self.resumed = True
-            for model, why in cell.promoted.items():
+            queued = False
+            for model, why in cell.finalists.promoted.items():
                 record = next(r for r in cell.records() if r.model == model and r.promoted)
-                self.queue(cell, dict(record.overrides), cell.base_seed, note=why, promoted=why)
-            if cell.queue:
+                queued |= self.queue(cell, dict(record.overrides), [cell.base_seed], note=why, promoted=why)
+            if queued:
                 return True
         from blockforge.search.rungs import pruned_checks
 
         records = cell.records()
         checks = [c for c in pruned_checks(records, cell.name, self.plan.metric, self.plan.mode) if c.inside]
-        queued = False
+        finalists, queued = cell.finalists, False
         for check in checks:
-            if check.model in cell.promoted:
+            if check.model in finalists.promoted:
                 continue
             record = cell.latest[check.trial]
             why = (f"promoted: pruned at step {check.step} {check.margin:.3g} behind the best full-budget curve of its seed, "
                    f"inside the {check.crossing:.3g} by which full-budget curves were overtaken there")
-            cell.promoted[check.model] = why
-            cell.finalists.append(Finalist(dict(record.overrides), check.model, record.uniform_pre, note=why, promoted=why))
-            for seed in [cell.base_seed + i for i in range(1 + (cell.extra_seeds if self.plan.confirm else 0))]:
-                self.queue(cell, dict(record.overrides), seed, note=why, promoted=why)
-            queued = True
-        return queued and bool(cell.queue)
+            finalists.promote(Finalist(dict(record.overrides), check.model, record.uniform_pre, note=why, promoted=why))
+            seeds = [cell.base_seed + i for i in range(1 + (finalists.extra_seeds if self.plan.confirm else 0))]
+            queued |= self.queue(cell, dict(record.overrides), seeds, note=why, promoted=why)
+        return queued
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:

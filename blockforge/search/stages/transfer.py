@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import Stage
+from blockforge.search.stages.base import CellLike, Stage
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
     from blockforge.search.stages.predictions import Predictions
 
 
@@ -35,7 +34,7 @@ class Transfer(Stage):
         self.predictions = predictions  # made once for every target
         self.started = False
 
-    def open(self, cell: "Cell") -> bool | None:
+    def open(self, cell: CellLike) -> bool | None:
         if self.started:
             return False
         if not cell.context.proxies_done() or not self.predictions.ready():
@@ -45,11 +44,11 @@ class Transfer(Stage):
         if prediction is None:
             return False  # no proxy cell has a winner: nothing to test
         note = f"transfer: predicted {prediction.text()}"
+        seeds = [cell.base_seed + i for i in range(self.plan.transfer.seeds)]
+        queued = False
         for k in prediction.candidates(self.plan.transfer.neighbours, highest_k(self.plan, prediction.depth)):
-            searched = {MIX_LN_ALPHA: k / prediction.depth, **prediction.searched}
-            for i in range(self.plan.transfer.seeds):
-                self.queue(cell, searched, cell.base_seed + i, note=note, stage=StageName.TRANSFER)
-        return bool(cell.queue)
+            queued |= self.queue(cell, {MIX_LN_ALPHA: k / prediction.depth, **prediction.searched}, seeds, note=note, stage=StageName.TRANSFER)
+        return queued
 
     @classmethod
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
