@@ -8,7 +8,7 @@ the latest ledger record of each of its trials, so nothing it decides reads the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
@@ -124,22 +124,20 @@ class Cell:
     # ---- trials -------------------------------------------------------------------------------------------
 
     def new_trial(self, searched: dict, seed: int, stage: StageName, note: str = "", promoted: str = "", continues: str = "",
-                  owner: Stage | None = None) -> Trial:
+                  owner: Stage | None = None, optuna_id: str | None = None) -> Trial:
         number = self.asked
         self.asked += 1
         return Trial(self.name, number, stage, searched, self.plan.seed_overrides(self.name, searched, seed), seed, note=note, promoted=promoted,
-                     continues=continues, owner=None if owner is None else self.stages.index(owner))
+                     continues=continues, owner=None if owner is None else self.stages.index(owner), optuna_id=optuna_id)
 
-    def identify(self, trial: Trial) -> None:
-        """Load and resolve the trial's recipe (raising SpecError if invalid); fill in its identities, shape and costs."""
+    def identify(self, trial: Trial) -> Trial:
+        """The trial with its identities, shape and costs, from its resolved recipe (raising SpecError if invalid)."""
         recipe = self.plan.recipe(trial.overrides)
         spec = recipe.spec
         mix = recipe.model.layers.mix_ln
-        trial.identity, trial.model = trial_identity(recipe), trial_identity(recipe, with_seed=False)
-        trial.alpha, trial.post_ln_layers, trial.uniform_pre = (mix.alpha if mix is not None else None), spec.post_ln_count(), spec.uniform_pre()
-        trial.steps = recipe.train.steps
-        if self.plan.costs or self.plan.constraints:
-            trial.costs = self.context.computed_costs(recipe)
+        return replace(trial, identity=trial_identity(recipe), model=trial_identity(recipe, with_seed=False),
+                       alpha=mix.alpha if mix is not None else None, post_ln_layers=spec.post_ln_count(), uniform_pre=spec.uniform_pre(),
+                       steps=recipe.train.steps, costs=self.context.computed_costs(recipe) if self.plan.costs or self.plan.constraints else {})
 
     def broken_constraint(self, trial: Trial) -> str:
         """'' when the candidate keeps every constraint, else a sentence saying which it breaks."""
@@ -150,12 +148,13 @@ class Cell:
                 return f"infeasible: its {cost} is {value:g}, and the constraint asks for {bound}; not trained"
         return ""
 
-    def adopt_orphan(self, trial: Trial) -> None:
-        """A new trial of a model whose run a stopped driver lost continues it under its number."""
+    def adopt_orphan(self, trial: Trial) -> Trial:
+        """A new trial of a model whose run a stopped driver lost continues it under its number (the same trial else)."""
         number = self.orphans.pop(trial.identity, None)
         if number is not None and trial.number == self.asked - 1:
             self.asked -= 1  # the number just given out goes back
-            trial.number = number
+            return replace(trial, number=number)
+        return trial
 
     def launch(self, trial: Trial, trial_id: str) -> dict:
         self.context.live[trial_id] = trial
@@ -168,8 +167,7 @@ class Cell:
         """Queue model `searched` with `seed` for stage `owner` (Stage.queue) unless that replicate already finished, runs or waits
         (`stage`: what its record says; `continues`: the run folder, relative to the search, whose last checkpoint it starts from)."""
         trial = self.new_trial(searched, seed, stage, note=note, promoted=promoted, continues=continues, owner=owner)
-        self.identify(trial)
-        self.adopt_orphan(trial)
+        trial = self.adopt_orphan(self.identify(trial))
         outcome = self.done.get(trial.identity)
         if outcome is not None and outcome.status in (Status.COMPLETED, Status.DIVERGED, Status.FAILED):
             self.asked -= 1  # nothing to run: give the number back
@@ -202,7 +200,7 @@ class Cell:
         value = {Status.DIVERGED: plan.penalty, Status.COMPLETED: result.get("objective")}.get(status)
         measured = {k.removeprefix("cost_"): v for k, v in result.items() if k.startswith("cost_") and isinstance(v, (int, float))}
         if measured:
-            trial.costs = {**trial.costs, **measured}
+            trial = replace(trial, costs={**trial.costs, **measured})
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
         record = self.record(trial, status, value=result.get(plan.metric) if status != Status.DIVERGED else None,
                              steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
@@ -262,7 +260,7 @@ class Cell:
             return  # duplicates and invalid proposals cost nothing
         trial = Trial(self.name, record.trial, StageName(record.stage), dict(record.overrides),
                       self.plan.seed_overrides(self.name, dict(record.overrides), record.seed), record.seed)
-        self.identify(trial)
+        trial = self.identify(trial)
         self.stage_of(trial).taken_in(self, trial, record)
         if trial.identity not in self.done or record.status in (Status.COMPLETED, Status.DIVERGED):
             value = record.value if record.status != Status.DIVERGED else self.plan.penalty

@@ -41,12 +41,13 @@ class CellLike(Protocol):
 
     def new_trial(self, searched: dict[str, Any], seed: int, stage: StageName, **kwargs) -> "Trial": ...
 
-    def identify(self, trial: "Trial") -> None: ...
+    def identify(self, trial: "Trial") -> "Trial": ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trial:
-    """One trial of a cell: asked for, queued, running or finished."""
+    """One trial of a cell: asked for, queued, running or finished. Frozen: what is learnt of it later (its identity
+    once its recipe resolves, the number of a run it continues, measured costs) is a new Trial (dataclasses.replace)."""
 
     cell: str
     number: int

@@ -136,7 +136,7 @@ class Confirm(Stage):
             searched = self.plan.searched_values(cell.name, self.plan.sampler_params(cell.name, baseline))
             trial = cell.new_trial(searched, cell.base_seed, StageName.CONFIRM)
             try:
-                cell.identify(trial)
+                trial = cell.identify(trial)
             except SpecError:
                 continue  # an invalid baseline was recorded as failed when it was proposed
             chosen.append(Finalist(trial.searched, trial.model, trial.uniform_pre))

@@ -120,10 +120,9 @@ class Explore(Stage):
     def _run_point(self, cell: "Cell", trial_id: str, params: dict, optuna_id: str | None = None) -> dict | None:
         """The point `params` (sampler parameters) as a trial: a Tune config, or None when it needs no run (invalid, outside a
         constraint, a duplicate of a trained one, or the twin of a running one)."""
-        trial = cell.new_trial(self.plan.searched_values(cell.name, params), cell.base_seed, StageName.EXPLORE, owner=self)
-        trial.optuna_id = optuna_id
+        trial = cell.new_trial(self.plan.searched_values(cell.name, params), cell.base_seed, StageName.EXPLORE, owner=self, optuna_id=optuna_id)
         try:
-            cell.identify(trial)
+            trial = cell.identify(trial)
         except SpecError as err:
             self.tell(cell, trial, Status.FAILED, None)
             cell.append(cell.record(trial, Status.FAILED, note=f"invalid: {err}"))
@@ -133,7 +132,7 @@ class Explore(Stage):
             self.tell(cell, trial, Status.FAILED, None)
             cell.append(cell.record(trial, Status.INFEASIBLE, note=broken))
             return None
-        cell.adopt_orphan(trial)
+        trial = cell.adopt_orphan(trial)
         if trial.identity in cell.done:
             cell.settle_duplicate(trial, cell.done[trial.identity])
             return None
