@@ -187,7 +187,7 @@ class Cell:
         return any(self.context.live[i].identity == identity for i in self.running)
 
     def settle_duplicate(self, trial: Trial, outcome: Outcome) -> None:
-        self.stages[0].tell(self, trial, outcome.status, outcome.value, outcome.record.costs)
+        self.stage_of(trial).on_duplicate(self, trial, outcome)
         original = outcome.record
         self.append(self.record(trial, Status.DUPLICATE, value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome.number,
                                 note=f"same model and settings as trial {outcome.number} ({outcome.status})"))

@@ -8,32 +8,48 @@ once, so the reports cost what one pass over the ledger costs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.evidence import CellEvidence, evidence_by_cell
+from blockforge.search.evidence import Candidate, CellEvidence, Difference, evidence_by_cell
 from blockforge.search.ledger import TrialRecord
+
+if TYPE_CHECKING:
+    from blockforge.search.law import BootstrapReport, LawReport, LawWindow
+    from blockforge.search.length_check import LengthCheck
+    from blockforge.search.lr_check import LrCheck
+    from blockforge.search.pareto import Front
+    from blockforge.search.plan import CellPlan
+    from blockforge.search.rungs import CellRungs
+    from blockforge.search.transfer import Prediction, TargetOutcome
+
+Cell = str  # a proxy cell's name, e.g. "depth=8"
+Target = str  # a transfer target's name
 
 
 @dataclass
 class Findings:
+    """Each field is one kind of finding, by the cell (or transfer target) it is about; a search without the stage or
+    setting that makes a kind has it empty."""
+
     plan: SearchPlan
     records: list[TrialRecord]
-    evidence: dict[str, CellEvidence]
-    rungs: dict = field(default_factory=dict)  # cell -> rungs.CellRungs (a search with a scheduler)
+    evidence: dict[Cell | Target, CellEvidence]
+    rungs: dict[Cell, "CellRungs"] = field(default_factory=dict)  # with a scheduler
     points: list[dict] = field(default_factory=list)  # the cells' winners as law points
-    law: object = None  # law.LawReport
+    law: "LawReport | None" = None
     resampled: list = field(default_factory=list)  # law.bootstrap_cells
-    boot: object = None  # law.BootstrapReport, or None
-    fronts: dict = field(default_factory=dict)  # cell -> pareto.Front (a search with a cost axis)
-    predictions: dict = field(default_factory=dict)  # target -> transfer.Prediction or None
-    outcomes: dict = field(default_factory=dict)  # target -> transfer.TargetOutcome (targets with a prediction)
-    gaps: dict = field(default_factory=dict)  # target -> transfer.target_gaps: each candidate against Pre-LN along training
-    cell_plans: dict = field(default_factory=dict)  # cell -> plan.CellPlan
-    full_plans: dict = field(default_factory=dict)  # transfer target -> the plan of a full search of it
-    lr_checks: dict = field(default_factory=dict)  # cell -> lr_check.LrCheck (with confirm.lr)
-    windows: dict = field(default_factory=dict)  # guided cell -> law.LawWindow or None (with guide), from the cells before it
-    races: dict = field(default_factory=dict)  # cell -> model -> (leader, difference): finalists that left the race
-    lengths: dict = field(default_factory=dict)  # cell -> length_check.LengthCheck (with confirm.length)
+    boot: "BootstrapReport | None" = None
+    fronts: dict[Cell, "Front"] = field(default_factory=dict)  # with a cost axis
+    predictions: dict[Target, "Prediction | None"] = field(default_factory=dict)
+    outcomes: dict[Target, "TargetOutcome"] = field(default_factory=dict)  # targets with a prediction
+    gaps: dict[Target, dict[str, list[tuple[int, float, float, float]]]] = field(default_factory=dict)  # each candidate against Pre-LN along training
+    cell_plans: dict[Cell | Target, "CellPlan"] = field(default_factory=dict)
+    full_plans: dict[Target, "CellPlan"] = field(default_factory=dict)  # the plan of a full search of each target
+    lr_checks: dict[Cell, "LrCheck | None"] = field(default_factory=dict)  # with confirm.lr
+    windows: dict[Cell, "LawWindow | None"] = field(default_factory=dict)  # guided cells, from the cells before each
+    races: dict[Cell, dict[str, tuple[Candidate, Difference]]] = field(default_factory=dict)  # model -> (leader, difference): left the race
+    lengths: dict[Cell, "LengthCheck | None"] = field(default_factory=dict)  # with confirm.length
 
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":

@@ -171,6 +171,9 @@ class Stage:
     def on_complete(self, cell: CellLike, trial: Trial, outcome: Outcome) -> None:
         """One of this stage's trials (one it queued, or proposed) finished, was stopped early, diverged or failed."""
 
+    def on_duplicate(self, cell: CellLike, trial: Trial, outcome: Outcome) -> None:
+        """One of this stage's proposals is a model and seed that already trained (`outcome`): it costs nothing."""
+
     def taken_in(self, cell: CellLike, trial: Trial, record: TrialRecord) -> None:
         """A trained trial that a resumed driver learns of from the ledger, given to the first stage whose trials are
         recorded with its stage (the ledger keeps the record's stage, not the step that queued it)."""

@@ -157,6 +157,9 @@ class Explore(Stage):
     def on_complete(self, cell: "Cell", trial: Trial, outcome: Outcome) -> None:
         self.tell(cell, trial, outcome.status, outcome.value, trial.costs)
 
+    def on_duplicate(self, cell: "Cell", trial: Trial, outcome: Outcome) -> None:
+        self.tell(cell, trial, outcome.status, outcome.value, outcome.record.costs)  # the sampler learns the point it proposed
+
     def taken_in(self, cell: "Cell", trial: Trial, record: TrialRecord) -> None:
         self.runs += 1
 
