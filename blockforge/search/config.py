@@ -24,8 +24,13 @@ from blockforge.spec.search import (SEED_KEY, Asha, Confirm, Guide, Resources, S
                                     is_search_key)
 from blockforge.spec.strict import canonical, parse, stable_hash
 
-DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice", "grid")
-DISCRETE = ("int", "choice", "grid", "layers")
+# The kinds of a searched key: a range [low, high] (uniform, loguniform, int), or listed values (choice, grid); and
+# `layers`, Mix-LN's alpha in one cell as the whole layer counts it reaches (Dimension.in_cell).
+RANGES = ("uniform", "loguniform", "int")
+LISTED = ("choice", "grid")
+COUNTED = ("int", "layers")  # whole numbers low..high
+DISTRIBUTIONS = RANGES + LISTED  # what a search file may write
+DISCRETE = COUNTED + LISTED
 MIX_LN_ALPHA = "model.layers.mix_ln.alpha"
 MIX_LN_COUNT = "model.layers.mix_ln.k"  # the sampler's name for floor(alpha * depth), the number of early layers
 STEPS_KEY = "train.steps"
@@ -69,18 +74,16 @@ class Dimension:
     def optuna(self):
         import optuna.distributions as d
 
-        if self.kind == "uniform":
-            return d.FloatDistribution(*self.args)
-        if self.kind == "loguniform":
-            return d.FloatDistribution(*self.args, log=True)
-        if self.kind in ("int", "layers"):
+        if self.kind in COUNTED:
             return d.IntDistribution(*self.args)
+        if self.kind in RANGES:
+            return d.FloatDistribution(*self.args, log=self.kind == "loguniform")
         return d.CategoricalDistribution(self.args)
 
     def contains(self, value: Any) -> bool:
         """Whether recipe value `value` is a point of this dimension (a baseline's value, say)."""
-        if self.kind in ("uniform", "loguniform", "int"):
-            number = int if self.kind == "int" else (int, float)
+        if self.kind in RANGES:
+            number = int if self.kind in COUNTED else (int, float)
             return isinstance(value, number) and not isinstance(value, bool) and self.args[0] <= value <= self.args[1]
         return any(value == arg and isinstance(value, bool) == isinstance(arg, bool) for arg in self.args)
 
@@ -89,7 +92,7 @@ class Dimension:
 
     def values(self) -> list:
         """Every value of a discrete dimension, in the sampler's terms."""
-        if self.kind in ("int", "layers"):
+        if self.kind in COUNTED:
             return list(range(self.args[0], self.args[1] + 1))
         return list(self.args)
 
@@ -105,7 +108,7 @@ class Dimension:
     def probes(self) -> list:
         """The values a search probes this dimension at before it starts (validity, sizes, memory plans): every listed
         value, or a range's two ends (as recipe values)."""
-        if self.kind in ("choice", "grid"):
+        if self.kind in LISTED:
             return list(self.args)
         return [self.to_value(self.args[0]), self.to_value(self.args[-1])]
 
@@ -130,8 +133,8 @@ def _parse_dimension(key: str, value: Any, path: str) -> Dimension:
         raise SpecError(f"unknown distribution '{kind}'; choose one of: {', '.join(DISTRIBUTIONS)}", path=path)
     if not isinstance(args, list) or not args:
         raise SpecError(f"{kind} takes a list, e.g. {kind}: [0.0, 0.5]", path=f"{path}.{kind}")
-    if kind in ("uniform", "loguniform", "int"):
-        number = int if kind == "int" else (int, float)
+    if kind in RANGES:
+        number = int if kind in COUNTED else (int, float)
         if len(args) != 2 or not all(isinstance(a, number) and not isinstance(a, bool) for a in args):
             raise SpecError(f"takes two {'integers' if kind == 'int' else 'numbers'} [low, high]", path=f"{path}.{kind}")
         if not all(math.isfinite(a) for a in args):
@@ -498,7 +501,7 @@ def _check_values(dimensions: list[Dimension], cells: list[dict], build, fail) -
         for i, failed in errors.items():
             if len(failed) == len(cells):
                 err = next(iter(failed.values()))
-                what = f"{values[i]!r}" + (f" (item {i})" if d.kind in ("choice", "grid") else "")
+                what = f"{values[i]!r}" + (f" (item {i})" if d.kind in LISTED else "")
                 raise fail(f"{what} builds no model: {err.path + ': ' if err.path else ''}{err.message}", where)
         for cell in cells:
             name = cell_name(cell)
@@ -668,7 +671,7 @@ class _Loader:
         spec = self.spec
         grid_size = None
         if spec.sampler.kind == "grid":
-            not_grid = [d.key for d in dimensions if d.kind not in ("grid", "choice")]
+            not_grid = [d.key for d in dimensions if d.kind not in LISTED]
             if not_grid:
                 raise self.fail(f"the grid sampler needs grid or choice values; {', '.join(not_grid)} is not", "sampler.grid")
             grid_size = math.prod(len(d.args) for d in dimensions)
