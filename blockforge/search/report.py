@@ -558,6 +558,7 @@ def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:
     """summary.md: the objective and method, the table and claims, then a section per kind of evidence."""
     from blockforge.search.checks_report import checks_markdown
     from blockforge.search.stages.confirm import describe_confirmation
+    from blockforge.search.stages.promote import PROMOTION_RULE
 
     evidence = found.evidence
     lr_lines = sections["lr"]
@@ -585,10 +586,7 @@ What each answer rests on:
 
 ## Early stopping checked against full budgets
 
-Confirmation trains several models of each cell to the full budget with the same seeds; their curves
-show how far the ranking at an early step agrees with the final one (Kendall tau, mean over seeds) and
-which pairs cross (behind there, ahead at the end). A pruned trial that was behind by no more than such
-a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer.
+{PROMOTION_RULE}
 
 {early_stopping_section(found)}
 {checks_markdown(found)}

@@ -15,6 +15,12 @@ from blockforge.search.stages.base import CellLike, Finalist, Stage
 
 
 
+PROMOTION_RULE = """Confirmation trains several models of each cell to the full budget with the same seeds; their curves
+show how far the ranking at an early step agrees with the final one (Kendall tau, mean over seeds) and
+which pairs cross (behind there, ahead at the end). A pruned trial that was behind by no more than such
+a crossing may have ended ahead: it is promoted to a full-budget run before the cell's answer."""
+
+
 class Promote(Stage):
     name = StageName.PROMOTION
 
