@@ -58,7 +58,6 @@ AUTO_MAP = {  # the base model before the head model: vLLM's Transformers backen
 }
 # The modeling file's names that differ from blockforge's (the head is `lm_head`, where serving engines look for it).
 REMOTE_NAMES = {"lm_head.weight": "head.weight"}
-REMOTE_NORMS = ("rmsnorm", "layernorm", "dyt")  # what the modeling file holds
 REMOTE_MODEL_TYPE = "blockforge_llama"  # configuration_blockforge.BlockforgeLlamaConfig.model_type
 # Texts a carried-over tokenizer must encode as the model's own does: scripts, digits, spacing, code, markup.
 PROBE_TEXTS = (
@@ -97,12 +96,21 @@ class ExportedTokenizer:
                 shutil.copyfile(self.files / name, stage / name)
 
 
+def remote_norms() -> tuple[str, ...]:
+    """The norms the modeling file holds, as its configuration lists them (tests/families/test_hf_remote.py checks that list
+    against spec.fields.NORMS)."""
+    from blockforge.families.hf_remote.configuration_blockforge import NORMS as held
+
+    return held
+
+
 def check(spec: ResolvedSpec) -> None:
     used = [spec.norm] + [layer.norm for layer in spec.layers]
-    other = next((norm for norm in used if norm not in REMOTE_NORMS), None)
+    held = remote_norms()
+    other = next((norm for norm in used if norm not in held), None)
     if other is not None:
         raise ConversionError(
-            f"--format hf holds {', '.join(REMOTE_NORMS[:-1])} and {REMOTE_NORMS[-1]} llamas, and this one uses {other}; "
+            f"--format hf holds {', '.join(held[:-1])} and {held[-1]} llamas, and this one uses {other}; "
             "export it with --format blockforge, which blockforge.load reads"
         )
 

@@ -53,6 +53,7 @@ class DyT(nn.Module):
         return f"{self.weight.shape[0]}"
 
 
+# The class of each norm name spec.fields.NORMS declares (tests/nn/test_models.py checks that every name has one).
 NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT}
 
 

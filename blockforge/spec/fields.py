@@ -86,6 +86,11 @@ def _value_ramp(name: str) -> Callable:
     return lambda m, layer, spec: {name: m}
 
 
+# The norm types a layer (and a model) may name. Every other list of them is this one: nn/norms.py's classes, and the
+# remote-code files shipped into exports (which cannot import blockforge) are checked against it by tests/families/test_hf_remote.py.
+NORMS = ("rmsnorm", "layernorm", "dyt")
+
+
 def _width_over_heads(layer, spec):
     return spec.width // layer.heads if layer.heads and spec.width % layer.heads == 0 else None
 
@@ -106,7 +111,7 @@ LAYER_FIELDS: list[LayerField] = [
                required=True),
     LayerField("window", int, "a causal sliding window of this many positions (itself included); null: global", nullable=True, minimum=0,
                plain="default", plain_says="sliding windows", module="attn"),
-    LayerField("norm", str, "this layer's norms (default: the model's)", choices=("rmsnorm", "layernorm", "dyt"),
+    LayerField("norm", str, "this layer's norms (default: the model's)", choices=NORMS,
                start=lambda spec, family: spec.norm or family.default_norm, left_out=lambda layer, spec: spec.norm, resolved_default=None),
     LayerField("qk_norm", bool, "normalize queries and keys per head, before RoPE", default=False, plain_says="query and key norms"),
     LayerField("v_norm", bool, "normalize values per head (HybridNorm's QKV-norm, with qk_norm)", default=False, plain="default",

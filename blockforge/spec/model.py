@@ -13,13 +13,12 @@ from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
 from blockforge.spec.family import get_family
-from blockforge.spec.fields import LAYER_FIELDS, LayerField, layer_field, rampable
+from blockforge.spec.fields import LAYER_FIELDS, NORMS, LayerField, layer_field, rampable
 from blockforge.spec.placements import PLACEMENTS
 from blockforge.spec.strict import UNSET, canonical, choice, stable_hash
 
 SPEC_FORMAT = 2  # 2: per-layer kv_heads, head_dim, window, norm, qk/v norm, layer scale, sub-layer placements, biases
 MAX_DEPTH = 4096  # a guard against typos that would resolve billions of layers
-NORMS = ("rmsnorm", "layernorm", "dyt")
 
 
 def _check_placement(name: str | None, path: str) -> None:

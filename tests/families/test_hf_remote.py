@@ -120,3 +120,12 @@ def test_layers_with_different_heads_and_windows_shape_the_static_cache_per_laye
     prompt = torch.randint(2, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6))
     static = model.generate(prompt, max_new_tokens=12, do_sample=False, cache_implementation="static")
     assert torch.equal(static, blockforge.load(src).generate(prompt, 12, temperature=0))
+
+
+def test_the_remote_files_hold_every_norm_the_spec_names():
+    """The shipped files cannot import blockforge, so they keep their own list of norms: it is spec.fields.NORMS."""
+    from blockforge.families.hf_remote import configuration_blockforge, modeling_blockforge
+    from blockforge.spec.fields import NORMS
+
+    assert configuration_blockforge.NORMS == NORMS
+    assert tuple(modeling_blockforge.NORMS) == NORMS

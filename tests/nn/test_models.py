@@ -111,3 +111,10 @@ def test_one_seed_gives_the_same_initial_weights_across_placements(make):
     assert any(pre[k].shape != wider[k].shape for k in pre if k.startswith("layers.0.mlp."))
     weights = [k for k in pre if k.endswith("weight") and pre[k].dim() > 1]
     assert all(not torch.equal(pre[k], other_seed[k]) for k in weights)
+
+
+def test_every_norm_the_spec_names_has_its_class():
+    from blockforge.nn.norms import NORMS as classes
+    from blockforge.spec.fields import NORMS
+
+    assert tuple(classes) == NORMS
