@@ -149,15 +149,9 @@ def hf_tensors(model: nn.Module, kind: str) -> dict[str, torch.Tensor]:
     design, spec = DESIGNS[kind], model.spec
     out = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight,
            "lm_head.weight": model.embed.weight if spec.tie_embeddings else model.head.weight}
-    slots = {
-        "pre": {("attn", "in_norm"): "input_layernorm", ("mlp", "in_norm"): "post_attention_layernorm"},
-        "respost": {("attn", "branch_norm"): "post_attention_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
-        "sandwich": {("attn", "in_norm"): "input_layernorm", ("attn", "branch_norm"): "post_attention_layernorm",
-                     ("mlp", "in_norm"): "pre_feedforward_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
-    }[design.placement]
     for i, (block, layer) in enumerate(zip(model.layers, spec.layers)):
         prefix = f"model.layers.{i}."
-        for (sub, slot), name in slots.items():
+        for (sub, slot), name in design.norm_slots.items():
             out[prefix + f"{name}.weight"] = getattr(getattr(block, sub), slot).weight
         attn, mlp = block.attn.branch, block.mlp.branch
         q_rows, k_rows = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim

@@ -38,6 +38,12 @@ def _interleaved_to_half_split(rows: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 ROPE_TYPES = ("default", "llama3", "linear")
+NORM_SLOTS = {  # per placement: blockforge's norm slots (sub-layer, slot) and the Hugging Face decoder's names for them
+    "pre": {("attn", "in_norm"): "input_layernorm", ("mlp", "in_norm"): "post_attention_layernorm"},
+    "respost": {("attn", "branch_norm"): "post_attention_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
+    "sandwich": {("attn", "in_norm"): "input_layernorm", ("attn", "branch_norm"): "post_attention_layernorm",
+                 ("mlp", "in_norm"): "pre_feedforward_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,11 @@ class Design:
     norm_offset: float = 0.0  # RMSNorm gains as 1 + w (Gemma)
     fused: bool = False  # one qkv_proj and one gate_up_proj (Phi-3)
     activation_key: str = "hidden_act"  # the config key naming the MLP's activation
+
+    @property
+    def norm_slots(self) -> dict[tuple[str, str], str]:
+        """(sub-layer, slot) -> the name of the norm the decoder keeps there."""
+        return NORM_SLOTS[self.placement]
 
 
 DESIGNS = {
@@ -274,6 +285,28 @@ def from_hf_llama(hf_model: nn.Module | str | os.PathLike) -> nn.Module:
     The result keeps a record of its source (`hf_source`: class, precision, generation settings, folder), which
     blockforge.save writes beside it and `--format hf` uses to export it as that class again.
     """
+    hf_model, what = _convertible(hf_model)
+    design = DESIGNS[hf_model.config.model_type]
+    spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model), _layer_ropes(hf_model)))
+    model = build_model(spec)
+    source = TensorSource(hf_model, what, ignore=lambda name: name.endswith("inv_freq") or name.endswith("embed_scale"))
+    tables = _frequency_tables(spec)
+    _check_rotary_buffers(source, tables, what)
+    _say_precision(hf_model, what)
+    _copy_weights(source, model, design, what)
+    model.token_ids = {key: getattr(hf_model.config, key, None) for key in TOKEN_ID_KEYS}  # to_hf_llama gives them back
+    model.hf_source = _source_record(hf_model)
+    model.eval()
+    tokens = probe_tokens(spec)
+    device = next(hf_model.parameters()).device
+    with torch.no_grad(), evaluating(_float32_reference(hf_model, [t.to(device) for t in tables])) as reference:
+        check_same_outputs(model(tokens), reference(tokens.to(device)).logits.cpu(), what)
+    return model
+
+
+def _convertible(hf_model: nn.Module | str | os.PathLike) -> tuple[nn.Module, str]:
+    """The transformers model to convert (loaded from its folder when given a path) and what messages call it; refused in
+    one sentence unless it is a causal language model of a type in DESIGNS."""
     if isinstance(hf_model, (str, os.PathLike)):
         hf_model = load_hf_folder(hf_model)
     if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
@@ -286,51 +319,16 @@ def from_hf_llama(hf_model: nn.Module | str | os.PathLike) -> nn.Module:
     if not hasattr(hf_model, "model") or hf_model.get_output_embeddings() is None:
         raise ConversionError(f"{what} is a base model without a language-model head, so it has no logits to convert; give its "
                               "...ForCausalLM (AutoModelForCausalLM.from_pretrained(folder))")
-    design = DESIGNS[kind]
-    spec = resolve(_spec_from_config(hf_model.config, what, _layer_windows(hf_model), _layer_ropes(hf_model)))
-    model = build_model(spec)
-    source = TensorSource(hf_model, what, ignore=lambda name: name.endswith("inv_freq") or name.endswith("embed_scale"))
-    tables = _frequency_tables(spec)
-    _check_rotary_buffers(source, tables, what)
-    _say_precision(hf_model, what)
+    return hf_model, what
+
+
+def _copy_weights(source: TensorSource, model: nn.Module, design: Design, what: str) -> None:
+    """Every tensor of `source` into `model` (hf_native.hf_tensors is this map read backwards); refused by name where one
+    is missing, left over or of another shape."""
+    spec = model.spec
     source.copy_into(model.embed.weight, "model.embed_tokens.weight")
-    slots = {  # blockforge's norm slots <- the source's names, per placement
-        "pre": {("attn", "in_norm"): "input_layernorm", ("mlp", "in_norm"): "post_attention_layernorm"},
-        "respost": {("attn", "branch_norm"): "post_attention_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
-        "sandwich": {("attn", "in_norm"): "input_layernorm", ("attn", "branch_norm"): "post_attention_layernorm",
-                     ("mlp", "in_norm"): "pre_feedforward_layernorm", ("mlp", "branch_norm"): "post_feedforward_layernorm"},
-    }[design.placement]
     for i, (block, layer) in enumerate(zip(model.layers, spec.layers)):
-        prefix = f"model.layers.{i}."
-        for (sub, slot), name in slots.items():
-            source.copy_into(getattr(getattr(block, sub), slot).weight, prefix + f"{name}.weight")
-        attn = block.attn.branch
-        q_rows, k_rows = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim
-        for part in ("weight", "bias"):
-            if getattr(attn.qkv, part) is None:
-                continue
-            if design.fused:
-                q, k, v = source.take(prefix + f"self_attn.qkv_proj.{part}").split([q_rows, k_rows, k_rows])
-            else:
-                q, k, v = (source.take(prefix + f"self_attn.{x}_proj.{part}") for x in "qkv")
-            fused = torch.cat([_half_split_to_interleaved(q, layer.heads), _half_split_to_interleaved(k, layer.kv_heads), v])
-            _copy_checked(getattr(attn.qkv, part), fused, prefix + f"self_attn.q/k/v_proj.{part}", what)
-        if design.qk_norm is not None:  # the norm's gains follow the rows they scale
-            for name, heads in (("q_norm", layer.heads), ("k_norm", layer.kv_heads)):
-                gains = source.take(prefix + f"self_attn.{name}.weight")
-                _copy_checked(getattr(attn, name).weight, _half_split_to_interleaved(gains, heads if design.qk_norm == "projection" else 1),
-                              prefix + f"self_attn.{name}.weight", what)
-        source.copy_into(attn.proj.weight, prefix + "self_attn.o_proj.weight")
-        if spec.proj_bias:
-            source.copy_into(attn.proj.bias, prefix + "self_attn.o_proj.bias")
-        mlp = block.mlp.branch
-        for part in ("weight", "bias") if spec.mlp_bias else ("weight",):
-            if design.fused:
-                gate_up = source.take(prefix + f"mlp.gate_up_proj.{part}")
-            else:
-                gate_up = torch.cat([source.take(prefix + f"mlp.gate_proj.{part}"), source.take(prefix + f"mlp.up_proj.{part}")])
-            _copy_checked(getattr(mlp.gate_up, part), gate_up, prefix + f"mlp.gate/up_proj.{part}", what)
-            source.copy_into(getattr(mlp.down, part), prefix + f"mlp.down_proj.{part}")
+        _copy_layer(source, block, layer, spec, design, f"model.layers.{i}.", what)
     source.copy_into(model.final_norm.weight, "model.norm.weight")
     if spec.tie_embeddings:
         if source.has("lm_head.weight"):
@@ -338,14 +336,40 @@ def from_hf_llama(hf_model: nn.Module | str | os.PathLike) -> nn.Module:
     else:
         source.copy_into(model.head.weight, "lm_head.weight")
     source.finish()
-    model.token_ids = {key: getattr(hf_model.config, key, None) for key in TOKEN_ID_KEYS}  # to_hf_llama gives them back
-    model.hf_source = _source_record(hf_model)
-    model.eval()
-    tokens = probe_tokens(spec)
-    device = next(hf_model.parameters()).device
-    with torch.no_grad(), evaluating(_float32_reference(hf_model, [t.to(device) for t in tables])) as reference:
-        check_same_outputs(model(tokens), reference(tokens.to(device)).logits.cpu(), what)
-    return model
+
+
+def _copy_layer(source: TensorSource, block: nn.Module, layer, spec: ResolvedSpec, design: Design, prefix: str, what: str) -> None:
+    """One decoder layer (its tensors named `prefix`...) into `block`: norms, attention (queries and keys reordered to
+    blockforge's RoPE pairing), MLP."""
+    for (sub, slot), name in design.norm_slots.items():
+        source.copy_into(getattr(getattr(block, sub), slot).weight, prefix + f"{name}.weight")
+    attn = block.attn.branch
+    q_rows, k_rows = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim
+    for part in ("weight", "bias"):
+        if getattr(attn.qkv, part) is None:
+            continue
+        if design.fused:
+            q, k, v = source.take(prefix + f"self_attn.qkv_proj.{part}").split([q_rows, k_rows, k_rows])
+        else:
+            q, k, v = (source.take(prefix + f"self_attn.{x}_proj.{part}") for x in "qkv")
+        fused = torch.cat([_half_split_to_interleaved(q, layer.heads), _half_split_to_interleaved(k, layer.kv_heads), v])
+        _copy_checked(getattr(attn.qkv, part), fused, prefix + f"self_attn.q/k/v_proj.{part}", what)
+    if design.qk_norm is not None:  # the norm's gains follow the rows they scale
+        for name, heads in (("q_norm", layer.heads), ("k_norm", layer.kv_heads)):
+            gains = source.take(prefix + f"self_attn.{name}.weight")
+            _copy_checked(getattr(attn, name).weight, _half_split_to_interleaved(gains, heads if design.qk_norm == "projection" else 1),
+                          prefix + f"self_attn.{name}.weight", what)
+    source.copy_into(attn.proj.weight, prefix + "self_attn.o_proj.weight")
+    if spec.proj_bias:
+        source.copy_into(attn.proj.bias, prefix + "self_attn.o_proj.bias")
+    mlp = block.mlp.branch
+    for part in ("weight", "bias") if spec.mlp_bias else ("weight",):
+        if design.fused:
+            gate_up = source.take(prefix + f"mlp.gate_up_proj.{part}")
+        else:
+            gate_up = torch.cat([source.take(prefix + f"mlp.gate_proj.{part}"), source.take(prefix + f"mlp.up_proj.{part}")])
+        _copy_checked(getattr(mlp.gate_up, part), gate_up, prefix + f"mlp.gate/up_proj.{part}", what)
+        source.copy_into(getattr(mlp.down, part), prefix + f"mlp.down_proj.{part}")
 
 
 from_hf = from_hf_llama  # the name for every decoder it converts
