@@ -10,6 +10,7 @@ from blockforge.families.hf_native import to_hf
 from blockforge.families.llama_hf import from_hf_llama
 from blockforge.data.text import build_text_dataset
 from blockforge.errors import SpecError
+from blockforge.nn.flops import OuterCosts
 from blockforge.nn.llama import Llama
 from blockforge.nn.losses import lm_loss
 from blockforge.spec.family import Family, register_family
@@ -35,9 +36,16 @@ def model_inputs(batch: torch.Tensor, pad_id: int | None):
     return inputs, ((inputs != pad_id).flatten() if pad_id is not None else None)
 
 
+def outer_costs(model) -> OuterCosts:
+    """`context` tokens per sample; the token embedding is a lookup (no FLOPs); the head maps every position to the vocabulary."""
+    sequence = model.spec.context
+    return OuterCosts(sequence=sequence, embedding=model.embed.weight.numel(),
+                      forward_flops=2 * sequence * model.head.in_features * model.head.out_features)
+
+
 LLAMA = register_family(Family(
     name="llama", default_norm="rmsnorm", data_kind="text", required=("vocab", "context"),
     unused=("image_size", "patch_size", "classes"), metrics=("val_loss", "val_ppl"), sample_unit="tok",
     check_layer=check_layer, build=Llama, loss=lm_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
-    converters={"from_hf": from_hf_llama, "to_hf": to_hf}, exports={"hf": HF_FORMAT, "gguf": GGUF_FORMAT},
+    outer_costs=outer_costs, converters={"from_hf": from_hf_llama, "to_hf": to_hf}, exports={"hf": HF_FORMAT, "gguf": GGUF_FORMAT},
 ))

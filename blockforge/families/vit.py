@@ -8,6 +8,7 @@ from blockforge.families.timm_export import TIMM_FORMAT
 from blockforge.families.vit_timm import from_timm_vit
 from blockforge.data.images import build_image_dataset
 from blockforge.errors import SpecError
+from blockforge.nn.flops import OuterCosts
 from blockforge.nn.losses import image_loss
 from blockforge.nn.vit import ViT
 from blockforge.spec.family import Family, register_family
@@ -41,9 +42,18 @@ def model_inputs(batch, pad_id=None):
     return batch[0], None
 
 
+def outer_costs(model) -> OuterCosts:
+    """Patches and the class token per image; the learned positions and the class token are the input embedding; outside
+    the blocks, the patch projection and the classifier, which reads the class token only."""
+    spec = model.spec
+    patches = (spec.image_size // spec.patch_size) ** 2
+    return OuterCosts(sequence=patches + 1, embedding=model.pos_embed.numel() + model.cls_token.numel(),
+                      forward_flops=2 * model.head.in_features * model.head.out_features + 2 * patches * model.patch_embed.weight.numel())
+
+
 VIT = register_family(Family(
     name="vit", default_norm="layernorm", default_activation="gelu", data_kind="image", required=("image_size", "patch_size", "classes", "channels"),
     unused=("vocab", "context"), metrics=("val_loss", "val_acc"), sample_unit="img", causal=False, default_bias=True, no_decay=("pos_embed", "cls_token"),
     check=check, build=ViT, loss=image_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
-    converters={"from_timm": from_timm_vit}, exports={"timm": TIMM_FORMAT},
+    outer_costs=outer_costs, converters={"from_timm": from_timm_vit}, exports={"timm": TIMM_FORMAT},
 ))

@@ -20,6 +20,18 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from blockforge.errors import BlockforgeError
+from blockforge.spec.family import get_family
+
+
+@dataclass(frozen=True)
+class OuterCosts:
+    """What a family's model costs outside its blocks (its `outer_costs` hook: families/llama.py, families/vit.py)."""
+
+    sequence: int  # positions per sample
+    embedding: int  # parameters of the input embedding (left out of the non-embedding count)
+    forward_flops: int  # per sample: the input projection and the head
+
 
 @dataclass(frozen=True)
 class ModelCosts:
@@ -39,22 +51,18 @@ class ModelCosts:
 
 
 def model_costs(model: nn.Module) -> ModelCosts:
-    """Parameters and FLOPs of a blockforge backbone (llama or vit), from its modules and spec."""
+    """Parameters and FLOPs of a blockforge backbone, from its modules and its family's `outer_costs`."""
     spec = model.spec
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    if spec.family == "vit":
-        patches = (spec.image_size // spec.patch_size) ** 2
-        sequence = patches + 1
-        embedding = model.pos_embed.numel() + model.cls_token.numel()
-        outside = 2 * model.head.in_features * model.head.out_features + 2 * patches * model.patch_embed.weight.numel()
-    else:
-        sequence = spec.context
-        embedding = model.embed.weight.numel()
-        outside = 2 * sequence * model.head.in_features * model.head.out_features
+    family = get_family(spec.family)
+    if family.outer_costs is None:
+        raise BlockforgeError(f"family {spec.family} is registered without outer_costs, so its FLOPs cannot be counted")
+    outer = family.outer_costs(model)
+    sequence = outer.sequence
     block_weights = sum(m.weight.numel() for block in model.layers for m in block.modules() if isinstance(m, nn.Linear))
     attention = sum(block.attn.branch.heads * block.attn.branch.head_dim for block in model.layers)
-    forward = 2 * sequence * block_weights + 4 * sequence * sequence * attention + outside
-    return ModelCosts(total, total - embedding, sequence, forward)
+    forward = 2 * sequence * block_weights + 4 * sequence * sequence * attention + outer.forward_flops
+    return ModelCosts(total, total - outer.embedding, sequence, forward)
 
 
 def trial_flops(recipe) -> tuple[int, int, float]:

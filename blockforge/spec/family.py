@@ -39,6 +39,8 @@ class Family:
     dataset: Callable[..., Any] | None = None  # dataset(data config, resolved spec, seed, cache_dir, run_dir) -> dataset
     example_batch: Callable[..., Any] | None = None  # example_batch(resolved spec, batch size, device, dtype) -> batch
     model_inputs: Callable[..., Any] | None = None  # model_inputs(batch, pad_id) -> (what forward takes, mask of real tokens or None)
+    # outer_costs(model) -> nn.flops.OuterCosts: positions per sample, input-embedding parameters, forward FLOPs outside the blocks
+    outer_costs: Callable[..., Any] | None = None
     converters: dict[str, Callable[..., Any]] = field(default_factory=dict)  # e.g. {"from_hf": ..., "to_hf": ...}
     exports: dict[str, Any] = field(default_factory=dict)  # other libraries' folder formats: {"hf": ExportFormat} (families/formats.py)
 
