@@ -352,7 +352,7 @@ def remote_config(model: nn.Module) -> dict:
         "rope_theta": spec.rope_theta,
         "rope_frequency_scaling": rope_scaling(spec),
         "tie_word_embeddings": spec.tie_embeddings,
-        "readout_multiplier": float(model._logit_multiplier),  # muP's 1/m times logit_multiplier
+        "readout_multiplier": float(model.logit_scale),  # muP's 1/m times logit_multiplier
         "logit_softcap": spec.logit_softcap,
         "embed_scale": float(spec.embed_scale),
         "norm_weight_offset": float(spec.norm_weight_offset),

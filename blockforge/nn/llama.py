@@ -26,6 +26,11 @@ class Llama(Backbone):
         self._rope_keys = {block.attn.branch.rope_key for block in self.layers} - {None}  # (head_dim, theta) of the layers with RoPE
         self._logit_multiplier = spec.readout_multiplier * spec.logit_multiplier
 
+    @property
+    def logit_scale(self) -> float:
+        """What head_outputs multiplies the logits by before any soft cap: muP's readout multiplier 1/m times logit_multiplier."""
+        return self._logit_multiplier
+
     def embed_inputs(self, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, dict]:
         """tokens (B, T) at positions start.. -> the first block's input (B, T, C) and the RoPE tables every block uses."""
         x = self.embed(tokens)  # (B, T, C)
