@@ -61,50 +61,69 @@ def resolve(spec: ModelSpec) -> ResolvedSpec:
 
     Order: the model-level values, then `layers.default`, `layers.mix_ln`, `layers.ramp`, each pattern, each override.
     """
-    depth = spec.depth
     family = get_family(spec.family)
-    # Every declared field starts from its default, or from the model's value (spec/fields.py)
-    start = {"placement": "pre", "mlp_placement": None,
-             **{f.name: f.start(spec, family) if f.start is not None else f.default for f in LAYER_FIELDS}}
-    layers = [dict(start, index=i) for i in range(depth)]
-    # Where each layer's value of each field was last set: the key path an error names.
-    model_level = {f.name: f.origin(spec) for f in LAYER_FIELDS if f.origin is not None and f.origin(spec) is not None}
-    origin = [dict.fromkeys(start, "model") | model_level for _ in range(depth)]
+    table = _LayerTable(spec, family)
+    table.apply_rules()
+    for layer, where in zip(table.layers, table.origin):
+        _finish_layer(spec, family, layer, where)
+    return _resolved(spec, family, table.layers)
 
-    def assign(index: int, settings: dict, where: str, *, per_field: bool = True) -> None:
-        layers[index].update(settings)
-        origin[index].update({key: f"{where}.{key}" if per_field else where for key in settings})
 
-    for i in range(depth):
-        assign(i, spec.layers.default.assigned(), "model.layers.default")
-    if spec.layers.mix_ln is not None:
-        rule = spec.layers.mix_ln
-        n_early = mix_ln_count(rule.alpha, depth)
+class _LayerTable:
+    """Every layer's fields as the rules set them, and where each was last set (the key path an error names)."""
+
+    def __init__(self, spec: ModelSpec, family):
+        self.spec = spec
+        # Every declared field starts from its default, or from the model's value (spec/fields.py)
+        start = {"placement": "pre", "mlp_placement": None,
+                 **{f.name: f.start(spec, family) if f.start is not None else f.default for f in LAYER_FIELDS}}
+        self.layers = [dict(start, index=i) for i in range(spec.depth)]
+        model_level = {f.name: f.origin(spec) for f in LAYER_FIELDS if f.origin is not None and f.origin(spec) is not None}
+        self.origin = [dict.fromkeys(start, "model") | model_level for _ in range(spec.depth)]
+
+    def assign(self, index: int, settings: dict, where: str, *, per_field: bool = True) -> None:
+        self.layers[index].update(settings)
+        self.origin[index].update({key: f"{where}.{key}" if per_field else where for key in settings})
+
+    def apply_rules(self) -> None:
+        """`layers.default`, `mix_ln`, `ramp`, each pattern, each override, in that order."""
+        spec, depth = self.spec, self.spec.depth
         for i in range(depth):
-            side = "early" if i < n_early else "late"
-            assign(i, rule.settings(early=i < n_early), f"model.layers.mix_ln.{side}", per_field=not isinstance(getattr(rule, side), str))
-    if spec.layers.ramp is not None:
-        for i, settings in enumerate(ramp_settings(spec.layers.ramp, layers, spec)):
-            assign(i, settings, "model.layers.ramp")
-    for k, pattern in enumerate(spec.layers.pattern):
-        where = f"model.layers.pattern[{k}]"
-        chosen = range(pattern.offset, depth, pattern.every)
-        if not chosen:
-            raise SpecError(f"selects no layer of a {depth}-layer model (offset {pattern.offset}, every {pattern.every})", path=f"{where}.offset")
-        for i in chosen:
-            assign(i, pattern.set.assigned(), f"{where}.set")
-    for k, override in enumerate(spec.layers.overrides):
-        where = f"model.layers.overrides[{k}]"
-        for i in select_layers(override.at, depth, f"{where}.at"):
-            assign(i, override.assigned(), where)
+            self.assign(i, spec.layers.default.assigned(), "model.layers.default")
+        if spec.layers.mix_ln is not None:
+            rule = spec.layers.mix_ln
+            n_early = mix_ln_count(rule.alpha, depth)
+            for i in range(depth):
+                side = "early" if i < n_early else "late"
+                self.assign(i, rule.settings(early=i < n_early), f"model.layers.mix_ln.{side}", per_field=not isinstance(getattr(rule, side), str))
+        if spec.layers.ramp is not None:
+            for i, settings in enumerate(ramp_settings(spec.layers.ramp, self.layers, spec)):
+                self.assign(i, settings, "model.layers.ramp")
+        for k, pattern in enumerate(spec.layers.pattern):
+            where = f"model.layers.pattern[{k}]"
+            chosen = range(pattern.offset, depth, pattern.every)
+            if not chosen:
+                raise SpecError(f"selects no layer of a {depth}-layer model (offset {pattern.offset}, every {pattern.every})", path=f"{where}.offset")
+            for i in chosen:
+                self.assign(i, pattern.set.assigned(), f"{where}.set")
+        for k, override in enumerate(spec.layers.overrides):
+            where = f"model.layers.overrides[{k}]"
+            for i in select_layers(override.at, depth, f"{where}.at"):
+                self.assign(i, override.assigned(), where)
 
-    for layer, where in zip(layers, origin):
-        for f in LAYER_FIELDS:
-            if f.inherit is not None and layer[f.name] == f.inherit(spec, family):
-                layer[f.name] = None  # the model's value: held as "inherited"
-        _check_layer(spec, family, layer, where)
-        if family.check_layer is not None:
-            family.check_layer(spec, layer, where["head_dim"] if where["head_dim"] != "model" else where["heads"])
+
+def _finish_layer(spec: ModelSpec, family, layer: dict, where: dict) -> None:
+    """A layer the rules have set: values equal to the model's held as inherited, then the layer's checks and the family's."""
+    for f in LAYER_FIELDS:
+        if f.inherit is not None and layer[f.name] == f.inherit(spec, family):
+            layer[f.name] = None  # the model's value: held as "inherited"
+    _check_layer(spec, family, layer, where)
+    if family.check_layer is not None:
+        family.check_layer(spec, layer, where["head_dim"] if where["head_dim"] != "model" else where["heads"])
+
+
+def _resolved(spec: ModelSpec, family, layers: list[dict]) -> ResolvedSpec:
+    """The model-level fields of `spec` with the family's defaults filled in, and the resolved layers."""
     biases = {key: getattr(spec, key) if getattr(spec, key) is not None else family.default_bias for key in ("qkv_bias", "proj_bias", "mlp_bias")}
     return ResolvedSpec(
         family=spec.family,
