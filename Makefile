@@ -5,7 +5,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test test-slow test-readers serving-venvs install clean
+.PHONY: quickstart test test-slow test-readers serving-venvs install docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ test: $(VENV)/.installed
 
 test-slow: $(VENV)/.installed
 	$(BIN)/python -m pytest -m slow
+
+# The documentation site (mkdocs.yml, docs/), warnings as errors, into site/; the reference pages are generated from
+# the code as it builds (docs/gen_reference.py). The `docs` extra is installed into .venv on first use.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Pythons without blockforge that the exports are served in (tests/families/test_served.py): llama.cpp, vLLM's CPU build, which
 # brings its own CPU torch (PyPI's torchvision/torchaudio builds do not load beside it and vLLM serves text without
@@ -54,4 +63,4 @@ test-readers: $(VENV)/.installed .venv-transformers4/.installed
 	$(BIN)/python -m pytest -m slow tests/families/test_served.py -k transformers_4
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-llamacpp .venv-transformers4 runs
+	rm -rf $(VENV) .venv-vllm .venv-llamacpp .venv-transformers4 runs site

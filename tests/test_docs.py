@@ -1,0 +1,362 @@
+"""README.md and the pages under docs/ name only what exists: every `blockforge` subcommand and flag they write (with
+the values they give it), every repository file, folder and make target, and every recipe or search-file key (in YAML
+blocks and as dotted keys) is checked against the code. No mkdocs needed: the key sets are the ones
+docs/gen_reference.py generates the reference pages from. The checkers are tested on wrong lines too."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import itertools
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+REPO_DIRS = ("searches", "recipes", "benchmarks", "docs", "tests", "blockforge")
+FILE_EXTENSIONS = {"json", "jsonl", "py", "yaml", "yml", "md", "png", "csv", "safetensors", "journal", "gguf", "txt", "sbatch"}
+SHELL_STOPS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1"}
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_generator()
+
+
+# ---- reading markdown -----------------------------------------------------------------------------------------------
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, line of the opening fence) of each fenced code block, indented ones (in lists) included."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        match = re.match(r"^(\s*)(```+)\s*([\w+-]*)", lines[i])
+        if match:
+            indent, fence, lang = match.groups()
+            body, start = [], i + 1
+            i += 1
+            while i < len(lines) and not lines[i].strip().startswith(fence):
+                body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+                i += 1
+            blocks.append((lang.lower(), "\n".join(body), start))
+        i += 1
+    return blocks
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (their lines blanked, so line numbers stay)."""
+    out, fence = [], None
+    for line in text.splitlines():
+        match = re.match(r"^\s*(```+)", line)
+        if fence is None and match:
+            fence = match.group(1)
+            out.append("")
+        elif fence is not None:
+            if line.strip().startswith(fence):
+                fence = None
+            out.append("")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def inline_spans(text: str) -> list[tuple[str, int]]:
+    """(content, line) of each inline code span outside fenced blocks."""
+    body = prose(text)
+    return [(" ".join(m.group(2).split()), body.count("\n", 0, m.start()) + 1) for m in re.finditer(r"(`+)([^`]+?)\1", body)]
+
+
+def code_texts(text: str) -> list[tuple[str, int, str]]:
+    """Every piece of code a page shows: (text, line, language; 'inline' for a span)."""
+    return [(span, line, "inline") for span, line in inline_spans(text)] + [(body, line, lang) for lang, body, line in fenced_blocks(text)]
+
+
+# ---- commands -------------------------------------------------------------------------------------------------------
+
+PARSER, COMMANDS = gen.commands()
+
+
+def _tokens(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:  # an apostrophe in running text
+        return line.split("#", 1)[0].split()
+
+
+def command_lines(text: str, lang: str) -> list[str]:
+    """Shell command lines of a code text that run `blockforge`, continuation lines joined."""
+    if lang in ("python", "py", "text"):
+        return []
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line for line in joined.splitlines() if re.search(r"(^|[\s/:])blockforge\s+[a-z]", line.split("#", 1)[0])]
+
+
+def _placeholder(value: str) -> bool:
+    return bool(re.fullmatch(r"[A-Z][A-Z0-9_=.,-]*", value)) or "$" in value or "..." in value or "<" in value
+
+
+def command_problems(line: str) -> list[str]:
+    """What a documented `blockforge ...` command line names that its parser does not have."""
+    tokens = _tokens(line)
+    problems = []
+    for i, token in enumerate(tokens):
+        if not (token == "blockforge" or token.endswith("/blockforge")) or i + 1 >= len(tokens):
+            continue
+        if i and tokens[i - 1] in ("import", "from", "install", "uninstall"):
+            continue
+        name = tokens[i + 1]
+        if name not in COMMANDS:
+            problems.append(f"`blockforge {name}`: no such subcommand (there are: {', '.join(COMMANDS)})")
+            continue
+        problems += _argument_problems(name, COMMANDS[name], tokens[i + 2:])
+    return problems
+
+
+def _argument_problems(name: str, parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    problems, positionals, j = [], 0, 0
+    actions = parser._option_string_actions
+    most = sum(1 for a in parser._actions if not a.option_strings and a.nargs in (None, 1))
+    if any(not a.option_strings and a.nargs in ("+", "*") for a in parser._actions):
+        most = float("inf")
+    while j < len(args):
+        arg = args[j].strip("[]")
+        j += 1
+        if args[j - 1] in SHELL_STOPS or arg.startswith(">"):
+            break
+        if not arg or arg == "...":
+            continue
+        if not arg.startswith("-"):
+            positionals += 1
+            continue
+        flag, eq, value = arg.partition("=")
+        action = actions.get(flag)
+        if action is None:
+            problems.append(f"`blockforge {name} {flag}`: no such flag")
+            continue
+        if action.nargs == 0:
+            continue
+        if not eq:
+            if j < len(args) and not args[j].strip("[]").startswith("-") and (
+                    action.nargs != "?" or args[j].strip("[]") in map(str, action.choices or ())):
+                value = args[j].strip("[]")
+                j += 1
+            else:
+                continue
+        if action.choices and not _placeholder(value) and value not in map(str, action.choices):
+            problems.append(f"`blockforge {name} {flag} {value}`: not one of {', '.join(map(str, action.choices))}")
+    if positionals > most:
+        problems.append(f"`blockforge {name}`: {positionals} positional arguments, it takes {most}")
+    return problems
+
+
+# ---- files, folders and make targets --------------------------------------------------------------------------------
+
+PATH = re.compile(rf"(?<![\w/.$~-])((?:{'|'.join(REPO_DIRS)})/[\w.*{{}},/-]*[\w*}}/])")
+MAKE_TARGETS = set(re.findall(r"^([\w.-]+)\s*:(?!=)", (ROOT / "Makefile").read_text(), flags=re.M))
+
+
+def _expand(path: str) -> list[str]:
+    """Brace alternatives written out: llama-{tiny,130m}-mix.yaml -> both."""
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return list(itertools.chain.from_iterable(_expand(path[:match.start()] + part + path[match.end():]) for part in match.group(1).split(",")))
+
+
+def path_problems(text: str) -> list[str]:
+    """Repository paths a code text names that do not exist (a glob must match something)."""
+    problems = []
+    for path in PATH.findall(text):
+        for one in _expand(path.rstrip(".,")):
+            if re.search(r"(^|/)[A-Z][A-Z_]*(\.|/|$)", one):  # a placeholder: searches/NAME.yaml
+                continue
+            found = glob.glob(str(ROOT / one)) if "*" in one else [one] if (ROOT / one).exists() else []
+            if not found:
+                problems.append(f"`{one}`: no such file or folder in the repository")
+    return problems
+
+
+def make_problems(text: str) -> list[str]:
+    return [f"`make {target}`: no such target in the Makefile" for target in re.findall(r"(?:^|[\s`])make\s+([a-z][\w-]*)", text)
+            if target not in MAKE_TARGETS]
+
+
+def link_problems(page: Path, text: str) -> list[str]:
+    """Relative markdown links whose target is not in the repository (nor a page the reference generates)."""
+    problems = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(text)):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        generated = {(ROOT / "docs" / p).resolve() for p in gen.PAGES}
+        if not path.exists() and path not in generated:
+            problems.append(f"link to {target}: no such file")
+    return problems
+
+
+# ---- keys -----------------------------------------------------------------------------------------------------------
+
+RECIPE, SEARCH = gen.recipe_schema(), gen.search_schema()
+KEY = r"[a-z_]\w*(?:\.[a-z_]\w*|\[\d+\])+"
+
+
+def _is_file(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] in FILE_EXTENSIONS
+
+
+def dotted_key_problems(span: str) -> list[str]:
+    """A span that is a dotted key (maybe `= value` or `: value`, maybe after --set) naming a key the code lacks."""
+    match = re.fullmatch(rf"(?:--set\s+)?({KEY})(?:\s*[=:].*)?", span)
+    if not match or _is_file(match.group(1)):
+        return []
+    key = match.group(1)
+    root = re.split(r"[.\[]", key, maxsplit=1)[0]
+    if root in RECIPE.children and root != "base":
+        return [] if gen.is_recipe_key(key) else [f"`{key}`: no such recipe key"]
+    if root in SEARCH.children:
+        return [] if gen.is_search_key(key) else [f"`{key}`: no such search-file key"]
+    return []
+
+
+def set_problems(text: str) -> list[str]:
+    """Each `--set KEY=VALUE` of a command names a recipe or search-file key."""
+    problems = []
+    for key in re.findall(r"--set[ =]([^\s=]+)=", text):
+        if _placeholder(key) or gen.is_recipe_key(key) or gen.is_search_key(key):
+            continue
+        problems.append(f"`--set {key}`: no such recipe or search-file key")
+    return problems
+
+
+def yaml_problems(body: str) -> list[str]:
+    """The keys of a documented YAML block (a recipe, a search file, or a part of one) that the code does not know."""
+    try:
+        data = yaml.safe_load(body)
+    except yaml.YAMLError as err:
+        return [f"YAML block does not parse: {str(err).splitlines()[0]}"]
+    if not isinstance(data, dict):
+        return []
+    candidates = [RECIPE, SEARCH, RECIPE.children["model"]]
+    best = max(candidates, key=lambda node: sum(key in node.children for key in data))
+    if not any(key in best.children for key in data):
+        return []  # not a blockforge file (a Kubernetes manifest)
+    where = best.key + "." if best.key else ""
+    return [f"`{where}{bad}`: no such key" for bad in gen.unknown_keys(data, best)]
+
+
+def table_problems(text: str) -> list[str]:
+    """Tables whose first column is `field` or `placement` list per-layer fields or placements that exist."""
+    from blockforge.spec.model import LayerSettings
+    from blockforge.spec.placements import PLACEMENTS
+
+    known = {"field": {f for f in LayerSettings.__dataclass_fields__}, "placement": set(PLACEMENTS)}
+    problems, kind = [], None
+    for line in prose(text).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.strip().startswith("|") else None
+        if cells is None:
+            kind = None
+        elif kind is None:
+            kind = cells[0] if cells[0] in known else ""
+        elif kind and not set(cells[0]) <= set("-: "):
+            problems += [f"`{name}`: no such {kind}" for name in re.findall(r"`([^`]+)`", cells[0]) if name not in known[kind]]
+    return problems
+
+
+# ---- the pages ------------------------------------------------------------------------------------------------------
+
+
+def page_problems(page: Path) -> list[str]:
+    text = page.read_text()
+    problems = [f"{p}" for p in link_problems(page, text) + table_problems(text)]
+    for code, line, lang in code_texts(text):
+        found = path_problems(code) + make_problems(code) + set_problems(code)
+        found += [p for command in command_lines(code, lang) for p in command_problems(command)]
+        if lang == "inline":
+            found += dotted_key_problems(code)
+        if lang in ("yaml", "yml"):
+            found += yaml_problems(code)
+        problems += [f"line {line}: {p}" for p in found]
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_names_only_what_exists(page):
+    problems = page_problems(page)
+    assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+def test_the_readme_is_short_and_starts_with_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 300
+    first = fenced_blocks(text)[0][1].splitlines()
+    assert [line.split()[:2] for line in first] == [["make", "quickstart"], ["make", "test"]]
+
+
+def test_the_reference_pages_are_generated_from_the_code():
+    pages = gen.pages()  # also refuses a note on a key the code no longer declares
+    assert set(pages) == set(gen.PAGES)
+    for name in COMMANDS:
+        assert f"## blockforge {name}" in pages["reference/cli.md"]
+        assert all(flag in pages["reference/cli.md"] for action in COMMANDS[name]._actions for flag in action.option_strings)
+    for key in SEARCH.children:
+        assert f"`{key}`" in pages["reference/search-file.md"]
+    for section in ("model", "train", "data"):
+        assert all(f"`{child.key}`" in pages["reference/recipe.md"] for child in RECIPE.children[section].children.values())
+    for name in COMMANDS["search"]._option_string_actions:
+        assert name in pages["reference/cli.md"]
+
+
+def test_every_documented_figure_is_shown_somewhere():
+    shown = {Path(m).name for page in PAGES for m in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())}
+    assert {p.name for p in (ROOT / "docs" / "figures").glob("*.png")} <= shown
+
+
+# ---- the checkers fail on wrong lines -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [
+    "blockforge serach searches/quickstart.yaml",                   # no such subcommand
+    "blockforge search searches/quickstart.yaml --no-such-flag",   # no such flag
+    "blockforge export runs/tiny --out m --format onnx",           # a value outside the choices
+    'blockforge generate models/tiny "The"',                       # a prompt given as a second positional
+])
+def test_a_wrong_command_is_found(line):
+    assert command_problems(line)
+
+
+def test_a_right_command_passes():
+    assert not command_problems("blockforge search searches/quickstart.yaml --out runs/s --resume=auto --set confirm.seeds=3")
+    assert not command_problems("torchrun --nproc_per_node=4 -m blockforge train recipes/llama-1b-mix.yaml --out runs/1b")
+    assert not command_problems("blockforge export SEARCH --cell CELL --pick N [--retrain] --format hf --out DIR")
+
+
+def test_wrong_paths_targets_and_keys_are_found():
+    assert path_problems("see `searches/no-such-search.yaml`") and not path_problems("`searches/quickstart.yaml`")
+    assert path_problems("recipes/llama-*-nothing.yaml") and not path_problems("recipes/llama-*-openelm.yaml")
+    assert not path_problems("--out /shared/searches/alpha-law or s3://bucket/recipes/x or searches/NAME.yaml")
+    assert make_problems("make quickstrat") and not make_problems("make test-slow")
+    assert dotted_key_problems("model.layers.mix_ln.alfa") and not dotted_key_problems("model.layers.overrides[0].window=64")
+    assert dotted_key_problems("confirm.lr.grids") and not dotted_key_problems("scheduler.asha.margin: X")
+    assert not dotted_key_problems("data.json") and not dotted_key_problems("cells.model.depth=[4,8]")
+    assert dotted_key_problems("cells.model.dpeth=[4,8]")
+    assert set_problems("blockforge search F --set trials_per_cel=4") and not set_problems("--set train.lr=0.003")
+    assert yaml_problems("confirm: {top: 2, seedz: 2}") and not yaml_problems("confirm: {top: 2, seeds: 2}")
+    assert yaml_problems("space:\n  model.layers.mix_ln.alfa: {uniform: [0, 0.5]}")
+    assert yaml_problems("constraints: {kv_cache: {max: 1}}") and not yaml_problems("constraints: {kv_cache_bytes: {max: 1}}")
+    assert yaml_problems("model:\n  family: llama\n  layers:\n    default: {placment: pre}")
+    assert yaml_problems("  layers:\n    ramp: {hedas: [0.5, 1.0]}") and not yaml_problems("  layers:\n    ramp: {heads: [0.5, 1.0]}")
+    assert not yaml_problems("apiVersion: ray.io/v1\nkind: RayJob")
+    assert table_problems("| field | values |\n|---|---|\n| `window`, `windw` | x |\n")
+    assert not table_problems("| placement | formula |\n|---|---|\n| `pre` | x |\n")
