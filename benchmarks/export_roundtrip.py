@@ -1,4 +1,4 @@
-"""Seventeen open decoders through blockforge and back: the table the README's "Use your model" gives.
+"""Seventeen open decoders through blockforge and back: the table docs/howto/export-and-serve.md gives.
 
 Each toy-size source (tests/hf_designs.py: random weights shaped by the real config, a tokenizer built as its
 family builds them, a generation config, a card) is converted (`blockforge convert`) and exported (`--format hf`),

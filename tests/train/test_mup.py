@@ -113,7 +113,7 @@ def test_coordinate_check_across_depth_completep_bounded_standard_grows():
     """The last block's output (what the head reads) after 3 Adam steps at lr 1e-2, depth 8 over depth 2 (width 64).
 
     Measured: CompleteP 0.58x, standard 9.6x. CompleteP's stream shrinks somewhat with depth at these sizes (its
-    random branches, each scaled by B/L, add up to less at initialisation; see the README), so the bound is
+    random branches, each scaled by B/L, add up to less at initialisation; see docs/concepts/specs.md), so the bound is
     [0.25, 2]; the standard stream's change grows with the number of branches that add to it: bound 2.5x."""
     def change(depth, **extra):
         spec = resolve(ModelSpec(family="llama", width=64, depth=depth, heads=4, ffn=128, vocab=64, context=16, **extra))
