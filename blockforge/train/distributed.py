@@ -1,12 +1,14 @@
-"""Data-parallel set-up under torchrun (DDP; gloo on CPU, NCCL on CUDA); a no-op in a single process."""
+"""Data-parallel set-up under torchrun (DDP or FSDP2; gloo on CPU, NCCL on CUDA); a no-op in a single process."""
 
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -52,3 +54,37 @@ def agree_on_stop(signum: int | None, world: World, device: torch.device) -> int
     flag = torch.tensor([signum or 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) or None
+
+
+class Parallel:
+    """The model as the loop calls it across processes: itself in one process, a DDP wrapper, or sharded in place by
+    FSDP2 (each block, then the root; `sharded`)."""
+
+    def __init__(self, model: nn.Module, world: World, device: torch.device, *, sharded: bool, bf16: bool):
+        self.model, self.world, self.sharded = model, world, sharded
+        self.module = self._wrap(model, device, bf16)
+
+    def _wrap(self, model: nn.Module, device: torch.device, bf16: bool) -> nn.Module:
+        if self.world.size == 1:
+            return model
+        if self.sharded:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+            for block in model.layers:
+                fully_shard(block, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def gradient_sync(self, sync: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync)
+            return nullcontext()
+        if self.world.size == 1 or sync:
+            return nullcontext()
+        return self.module.no_sync()

@@ -15,14 +15,11 @@ import math
 import os
 import time
 import weakref
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 import yaml
-from torch import nn
-
 from blockforge.data import dataset_for
 from blockforge.errors import BlockforgeError, warn
 from blockforge.io import atomic_write_json, atomic_write_text, read_json, remove_leftover_temporaries, writable_folder
@@ -32,11 +29,12 @@ from blockforge.spec.recipe import Recipe
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.train.checkpoint import apply_weights, checkpoint_folders, restore_training_state, resume_checkpoint, save_checkpoint
-from blockforge.train.distributed import World, agree_on_stop, barrier, init_world, mean_across
+from blockforge.train.distributed import Parallel, World, agree_on_stop, barrier, init_world, mean_across
 from blockforge.train.events import Evaluation, Status, Step, TrainResult
 from blockforge.train.lock import RunLock
 from blockforge.train.memory import check_fits
 from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
+from blockforge.train.progress import Progress
 from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device, to_device
 from blockforge.train.signals import StopRequest
@@ -76,6 +74,21 @@ def forget_interruption(path: Path) -> None:
         record = read_json(result, "delete it; the run's checkpoints are what resuming needs")
         if isinstance(record, dict) and record.get("status") == Status.INTERRUPTED:
             result.unlink()
+
+
+def divergence(recipe: Recipe, step: int, loss: float, first_loss: float) -> str | None:
+    """A sentence if the run diverged at `step` (1-based): a loss that is not finite, or above the ceiling after warmup
+    (train.divergence.max_loss, else twice the first loss); else None."""
+    cfg = recipe.train
+    advice = "try a lower train.lr or a longer train.warmup"
+    if recipe.model.layers.mix_ln is not None and recipe.spec.post_ln_count():  # Mix-LN's alpha is a suspect only where it acts
+        advice = "try a smaller alpha (fewer Post-LN layers), a lower train.lr or a longer train.warmup"
+    if not math.isfinite(loss):
+        return f"training diverged at step {step}: the loss became {loss}; {advice}"
+    ceiling = cfg.divergence.max_loss or 2.0 * first_loss
+    if step > cfg.warmup_steps and loss > ceiling:
+        return f"training diverged at step {step}: the loss {loss:.3g} is above the ceiling {ceiling:.3g} after warmup; {advice}"
+    return None
 
 
 class Trainer:
@@ -134,7 +147,8 @@ class Trainer:
             apply_weights(self.model, checkpoint.weights)
         self._speed_up(cfg)
         self.sharded = self.world.size > 1 and cfg.parallel == "fsdp"
-        self.train_model = self._parallelize(self.model)
+        self.parallel = Parallel(self.model, self.world, device, sharded=self.sharded, bf16=self.runtime.bf16)
+        self.train_model = self.parallel.module  # what the loss is computed with
         self.optimizer = make_optimizer(self.model, self.spec, cfg, device)
         if checkpoint is not None:
             self.state.update(restore_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
@@ -160,32 +174,6 @@ class Trainer:
         if cfg.compile:
             compile_blocks(self.model)
 
-    def _parallelize(self, model: nn.Module) -> nn.Module:
-        """DDP (a wrapper), or FSDP2 (each block, then the root, sharded in place); the model to call."""
-        if self.world.size == 1:
-            return model
-        if self.sharded:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.runtime.bf16 else MixedPrecisionPolicy()
-            for block in model.layers:
-                fully_shard(block, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-
-    def _gradient_sync(self, sync: bool):
-        """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
-        if self.sharded:
-            self.model.set_requires_gradient_sync(sync)
-            return nullcontext()
-        if self.world.size == 1 or sync:
-            return nullcontext()
-        return self.train_model.no_sync()
-
     def _write_run_files(self) -> None:
         atomic_write_text(self.run_dir / "recipe.yaml", yaml.safe_dump(to_plain(self.recipe), sort_keys=False))
         save_spec(self.spec, self.run_dir / "spec.yaml")
@@ -206,7 +194,7 @@ class Trainer:
             batch = next(stream)
             self.state["data_position"] += 1
             batch = to_device(_rows(batch, rank * cfg.micro_batch, (rank + 1) * cfg.micro_batch), self.device)
-            with self._gradient_sync(micro == self.accumulation - 1), self.runtime.autocast():
+            with self.parallel.gradient_sync(micro == self.accumulation - 1), self.runtime.autocast():
                 loss = self.family.loss(self.train_model, batch, self.pad_id)[0]
                 (loss / self.accumulation).backward()
             total += loss.detach() / self.accumulation
@@ -219,18 +207,6 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return Step(step + 1, float(mean_across(total, self.world)), lr, grad_norm, samples, layers)
-
-    def _divergence(self, step: int, loss: float) -> str | None:
-        """A sentence if the run diverged at `step` (1-based), else None."""
-        advice = "try a lower train.lr or a longer train.warmup"
-        if self.recipe.model.layers.mix_ln is not None and self.recipe.spec.post_ln_count():  # Mix-LN's alpha is a suspect only where it acts
-            advice = "try a smaller alpha (fewer Post-LN layers), a lower train.lr or a longer train.warmup"
-        if not math.isfinite(loss):
-            return f"training diverged at step {step}: the loss became {loss}; {advice}"
-        ceiling = self.cfg.divergence.max_loss or 2.0 * self.state["first_loss"]
-        if step > self.cfg.warmup_steps and loss > ceiling:
-            return f"training diverged at step {step}: the loss {loss:.3g} is above the ceiling {ceiling:.3g} after warmup; {advice}"
-        return None
 
     def _checkpoint(self) -> Path | None:
         folder = None
@@ -274,52 +250,30 @@ class Trainer:
             self.lock.release()
 
     def _iterate(self, stop: StopRequest) -> Iterator[Evaluation]:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         self.model.train()
         stream = self.data.train_batches(cfg.micro_batch * self.world.size, start=self.state["data_position"])
-        unit = self.family.sample_unit
-        bar = tqdm(total=cfg.steps, initial=self.state["step"], disable=not self.progress, unit="step", dynamic_ncols=True, leave=False)
-        window_start, window_samples = time.perf_counter(), 0
+        progress = Progress(cfg.steps, self.state["step"], unit=self.family.sample_unit, items_per_sample=self.family.samples_to_items(self.spec),
+                            enabled=self.progress)
         try:
             for step in range(self.state["step"] + 1, cfg.steps + 1):
-                started = time.perf_counter()
-                info = self._train_step(stream, step - 1)
-                loss = info.loss
-                self.state["elapsed"] += time.perf_counter() - started
-                self.state["step"] = step
-                self.state["samples"] += info.samples
-                window_samples += info.samples
-                if self.state["first_loss"] is None:
-                    self.state["first_loss"] = loss
+                info = self._take_step(stream, step)
+                progress.count(info.samples)
                 for callback in self.callbacks:
                     callback(self, info)
-                problem = self._divergence(step, loss)
+                problem = divergence(self.recipe, step, info.loss, self.state["first_loss"])
                 if problem is not None:
-                    self.log.write({"step": step, "event": "diverged", "loss": loss})
-                    self.result = self._finish(TrainResult(Status.DIVERGED, step, {"loss": loss}, problem, self.run_dir))
-                    yield Evaluation(step, {"loss": loss}, done=True, diverged=True)
+                    yield self._diverged(step, info.loss, problem)
                     return
                 if step % cfg.log_every == 0 or info.layer_grad_norms is not None or step == cfg.steps:
-                    now = time.perf_counter()
-                    rate = window_samples * self.family.samples_to_items(self.spec) / max(now - window_start, 1e-9)
-                    window_start, window_samples = now, 0
-                    record = {"step": step, "event": "train", "loss": loss, "lr": info.lr, "grad_norm": info.grad_norm, f"{unit}_per_s": rate}
-                    if info.layer_grad_norms is not None:
-                        record["layer_grad_norms"] = info.layer_grad_norms
-                    self.log.write(record)
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{info.lr:.2e}", **{f"{unit}/s": f"{rate:,.0f}"}, refresh=False)
-                bar.update(1)
+                    self.log.write(progress.train_record(step, info))
+                progress.bar.update(1)
                 evaluate_now = step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
                 checkpoint_now = step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                 metrics = None
                 if evaluate_now:
-                    metrics = evaluate(self.model, self.val_batches, self.runtime, self.pad_id)
-                    metrics["train_loss"] = loss
-                    self.state["metrics"] = metrics
-                    self.log.write({"step": step, "event": "eval", **metrics})
-                    window_start = time.perf_counter()  # evaluation time is not training throughput
+                    metrics = self._evaluate(step, info.loss)
+                    progress.restart_clock()
                 folder = self._checkpoint() if checkpoint_now else None
                 if step == cfg.steps:
                     self.result = self._finish(TrainResult(Status.COMPLETED, step, metrics, f"finished {step} steps", self.run_dir))
@@ -327,13 +281,38 @@ class Trainer:
                     yield Evaluation(step, metrics, folder, done=step == cfg.steps)
                 signum = agree_on_stop(stop.signum, self.world, self.device)  # every rank stops after the same step
                 if signum and step < cfg.steps:
-                    bar.close()
+                    progress.close()
                     self._interrupt(step, signum, bool(checkpoint_now))
                     return
         finally:
-            bar.close()
+            progress.close()
         if self.state["step"] >= cfg.steps and self.result is None:
             self.result = TrainResult(Status.COMPLETED, self.state["step"], self.state["metrics"], "already finished", self.run_dir)
+
+    def _take_step(self, stream: Iterator, step: int) -> Step:
+        """Optimizer step `step` (1-based), timed, and the run's state after it."""
+        started = time.perf_counter()
+        info = self._train_step(stream, step - 1)
+        self.state["elapsed"] += time.perf_counter() - started
+        self.state["step"] = step
+        self.state["samples"] += info.samples
+        if self.state["first_loss"] is None:
+            self.state["first_loss"] = info.loss
+        return info
+
+    def _diverged(self, step: int, loss: float, problem: str) -> Evaluation:
+        """End the run at `step`, whose loss diverged: logged, result.json written; the last Evaluation it yields."""
+        self.log.write({"step": step, "event": "diverged", "loss": loss})
+        self.result = self._finish(TrainResult(Status.DIVERGED, step, {"loss": loss}, problem, self.run_dir))
+        return Evaluation(step, {"loss": loss}, done=True, diverged=True)
+
+    def _evaluate(self, step: int, loss: float) -> dict:
+        """The validation metrics after `step` (with its train loss), kept in the state and logged."""
+        metrics = evaluate(self.model, self.val_batches, self.runtime, self.pad_id)
+        metrics["train_loss"] = loss
+        self.state["metrics"] = metrics
+        self.log.write({"step": step, "event": "eval", **metrics})
+        return metrics
 
     def run(self) -> TrainResult:
         for _ in self.iterate():
