@@ -36,12 +36,21 @@ class PositionLM(Backbone):
         draw.normal(self.head.weight, 0.02)
 
 
+def outer_costs(model):
+    """Its positions and token embedding are lookups (no FLOPs); the head maps every position to the vocabulary."""
+    from blockforge.nn.flops import OuterCosts
+
+    return OuterCosts(sequence=model.spec.context, embedding=model.embed.weight.numel() + model.pos.numel(),
+                      forward_flops=2 * model.spec.context * model.head.in_features * model.head.out_features)
+
+
 @pytest.fixture
 def toy_family():
     family = register_family(Family(
         name="position-lm", default_norm="layernorm", data_kind="text", required=("vocab", "context"),
         unused=("image_size", "patch_size", "classes"), metrics=("val_loss", "val_ppl"), sample_unit="tok", no_decay=("pos",),
         build=PositionLM, loss=lm_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
+        outer_costs=outer_costs,
     ))
     yield family
     del FAMILIES[family.name]
@@ -70,6 +79,10 @@ def test_a_registered_family_builds_trains_and_is_analysed(tmp_path, toy_family,
     tokens = torch.randint(0, 300, (2, 33))
     assert angular_distance(model, [tokens]).tokens == 2 * 32
     assert memory_plan(recipe).activations_bytes > 0
+    from blockforge.nn.flops import model_costs
+
+    costs = model_costs(model)  # what a compute plan counts: the blocks from their modules, the rest from outer_costs
+    assert costs.non_embedding == sum(p.numel() for p in model.parameters()) - model.embed.weight.numel() - model.pos.numel()
 
 
 def test_an_unknown_family_lists_the_registered_ones(tmp_path):
