@@ -122,6 +122,7 @@ def test_a_second_signal_ends_the_driver_at_once(tmp_path):
     wait_for(lambda: not ray_processes_of(driver.pid), 10, "the driver's Ray processes to end")
 
 
+@pytest.mark.slow  # (the in-process kill of tests/search/test_resume_anywhere.py is in the default suite)
 def test_resume_after_sigkill_keeps_pruned_trials_pruned(tmp_path, ray_session):
     path = write_search(tmp_path, cells={"model.depth": [8]}, trials_per_cell=6, max_concurrent=2,
                         space={ALPHA: {"uniform": [0.0, 1.0]}}, scheduler={"asha": {"grace_steps": 10, "reduction_factor": 2, "margin": 0.0}},

@@ -382,10 +382,10 @@ def test_export_force_replaces_an_earlier_export(trained, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,status,needle", [
     (["eval", "{run}"], 2, "not a readable safetensors file"),
-    (["train", "{recipe}", "--out", "{run}", "--resume", "--no-progress"], 0, "resuming from step-00000005"),
-    (["inspect", "{base60}"], 2, "quote it: at: '1:3'"),
-    (["export", "{run}", "--out", "{export}"], 2, "pass --force"),
-], ids=["eval", "resume-fallback", "base-60", "export-non-empty"])
+    pytest.param(["train", "{recipe}", "--out", "{run}", "--resume", "--no-progress"], 0, "resuming from step-00000005", marks=pytest.mark.slow),
+    pytest.param(["inspect", "{base60}"], 2, "quote it: at: '1:3'", marks=pytest.mark.slow),
+    pytest.param(["export", "{run}", "--out", "{export}"], 2, "pass --force", marks=pytest.mark.slow),
+], ids=["eval", "resume-fallback", "base-60", "export-non-empty"])  # the same cases in-process are in the default suite
 def test_real_process_shows_no_traceback(trained, tmp_path, argv, status, needle):
     case = Case(tmp_path, trained)
     truncate(case.newest / "model.safetensors")
