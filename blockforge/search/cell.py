@@ -8,7 +8,9 @@ the latest ledger record of each of its trials, so nothing it decides reads the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
@@ -60,6 +62,43 @@ class SearchContext:
         return dict(self.cost_cache[key])
 
 
+class StageView:
+    """What a stage that queues trials receives of its cell (stages/base.py CellLike): the finalists, its own queue
+    (through Stage.queue) and what it reads; the cell's own bookkeeping (numbers, running trials, twins, orphans, the
+    search's other cells) stays out of reach. An exploring stage, the cell's sampler, receives the Cell itself."""
+
+    def __init__(self, cell: "Cell"):
+        self._cell = cell
+        self.name, self.plan, self.base_seed, self.finalists = cell.name, cell.plan, cell.base_seed, cell.finalists
+
+    @property
+    def done(self) -> Mapping[str, Outcome]:
+        return MappingProxyType(self._cell.done)
+
+    @property
+    def latest(self) -> Mapping[int, TrialRecord]:
+        return MappingProxyType(self._cell.latest)
+
+    def records(self) -> list[TrialRecord]:
+        return self._cell.records()
+
+    def evidence(self, min_seeds: int, against_pre_ln: bool = True):
+        return self._cell.evidence(min_seeds, against_pre_ln)
+
+    def enqueue(self, searched: dict, seed: int, *, owner: Stage, **kwargs) -> bool:
+        return self._cell.enqueue(searched, seed, owner=owner, **kwargs)
+
+    def new_trial(self, searched: dict, seed: int, stage: StageName, **kwargs) -> Trial:
+        return self._cell.new_trial(searched, seed, stage, **kwargs)
+
+    def identify(self, trial: Trial) -> Trial:
+        return self._cell.identify(trial)
+
+    def proxies_done(self) -> bool:
+        """Whether every proxy cell of the search is finished (what a transfer target waits for)."""
+        return self._cell.context.proxies_done()
+
+
 class Cell:
     def __init__(self, context: SearchContext, name: str, stages: list[Stage], records: list[TrialRecord]):
         self.context, self.plan, self.name = context, context.plan, name
@@ -74,12 +113,21 @@ class Cell:
         self.orphans: dict[str, int] = {}  # identity -> number of a trial a stopped driver lost while it ran
         # what its confirming stages share; models an earlier driver promoted stay promoted (a search rebuilt from its ledger)
         self.finalists = Finalists(promoted={r.model: r.promoted for r in self.latest.values() if r.promoted})
+        self.view = StageView(self)  # what its queueing stages receive
         self.finished = False
         self.answered = False  # its answer is confirmed: exploration, confirmation, promotion and racing have nothing more
         self._evidence = None
 
     def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
-        return {**self.__dict__, "_evidence": None, "latest": {}}
+        return {**self.__dict__, "_evidence": None, "latest": {}, "view": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.view = StageView(self)
+
+    def given_to(self, stage: Stage) -> "Cell | StageView":
+        """What `stage` receives of this cell: the Cell for the exploring (on-demand) stage, else its StageView."""
+        return self if stage.on_demand else self.view
 
     # ---- the pipeline -------------------------------------------------------------------------------------
 
@@ -95,7 +143,7 @@ class Cell:
         if self.busy():
             return False
         for stage in self.stages:
-            opened = stage.open(self)
+            opened = stage.open(self.given_to(stage))
             if opened is None:
                 return False  # waits (a transfer target, for its proxy cells)
             if opened:
@@ -187,7 +235,8 @@ class Cell:
         return any(self.context.live[i].identity == identity for i in self.running)
 
     def settle_duplicate(self, trial: Trial, outcome: Outcome) -> None:
-        self.stage_of(trial).on_duplicate(self, trial, outcome)
+        stage = self.stage_of(trial)
+        stage.on_duplicate(self.given_to(stage), trial, outcome)
         original = outcome.record
         self.append(self.record(trial, Status.DUPLICATE, value=original.value, steps=0, metrics=original.metrics, duplicate_of=outcome.number,
                                 note=f"same model and settings as trial {outcome.number} ({outcome.status})"))
@@ -206,7 +255,8 @@ class Cell:
                              steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
                              note="" if status != Status.FAILED else "the trial raised; see its error file under tune/")
         outcome = Outcome(status, value, trial.number, record, trial)
-        self.stage_of(trial).on_complete(self, trial, outcome)
+        stage = self.stage_of(trial)
+        stage.on_complete(self.given_to(stage), trial, outcome)
         self.append(record)
         if trial.identity not in self.done or status in (Status.COMPLETED, Status.DIVERGED):  # a pruned run finished later counts in full
             self.done[trial.identity] = outcome
@@ -261,7 +311,8 @@ class Cell:
         trial = Trial(self.name, record.trial, StageName(record.stage), dict(record.overrides),
                       self.plan.seed_overrides(self.name, dict(record.overrides), record.seed), record.seed)
         trial = self.identify(trial)
-        self.stage_of(trial).taken_in(self, trial, record)
+        stage = self.stage_of(trial)
+        stage.taken_in(self.given_to(stage), trial, record)
         if trial.identity not in self.done or record.status in (Status.COMPLETED, Status.DIVERGED):
             value = record.value if record.status != Status.DIVERGED else self.plan.penalty
             self.done[trial.identity] = Outcome(record.status, value, record.trial, record, trial)

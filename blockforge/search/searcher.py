@@ -88,7 +88,8 @@ class CellSearcher(Searcher):
         trial = self.live.get(trial_id)
         if trial is not None:
             cell = self.cells[trial.cell]
-            cell.stage_of(trial).on_result(cell, trial, result)
+            stage = cell.stage_of(trial)
+            stage.on_result(cell.given_to(stage), trial, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)

@@ -24,6 +24,7 @@ class Recheck(Stage):
         self.plan, self.done, self.heard = plan, False, []
 
     def open(self, cell):
+        self.given = cell
         if self.done:
             return False
         self.done = True
@@ -53,6 +54,9 @@ def test_a_stage_is_one_class_and_one_line_in_the_pipeline(tmp_path, with_rechec
     assert all(r.stage == "confirm" for r in rechecked)
     for name, cell in searcher.cells.items():
         (recheck,) = [s for s in cell.stages if isinstance(s, Recheck)]
+        # what it received of the cell: its finalists, a way to queue and what it reads; not the cell's bookkeeping
+        assert recheck.given is cell.view and recheck.given.finalists is cell.finalists
+        assert not any(hasattr(recheck.given, name) for name in ("queue", "waiting", "running", "asked", "context", "stages"))
         assert recheck.heard == [(r.trial, "completed") for r in rechecked if r.cell == name], name
     numbers = [(c["cell"], c["number"]) for c in handed]
     assert handed[-1]["cell"] in plan.cell_names() and len(set(numbers)) == len(numbers)  # each cell numbers its trials once

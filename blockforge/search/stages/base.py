@@ -11,6 +11,7 @@ may train at most (the compute plan is the sum of the stages' own worst cases).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from blockforge.search.ledger import StageName, TrialRecord
@@ -21,17 +22,16 @@ if TYPE_CHECKING:
 
 
 class CellLike(Protocol):
-    """What a stage that queues trials may read and change of its cell (search/cell.py's Cell): its finalists, through
-    their methods; its own trials, through Stage.queue; everything else it only reads. The exploring stage, which is
-    the cell's sampler, takes the Cell itself."""
+    """What a stage that queues trials receives of its cell (search/cell.py's StageView): its finalists, changed through
+    their methods; its own trials, asked for through Stage.queue; everything else read only. The exploring stage,
+    which is the cell's sampler, receives the Cell itself."""
 
     name: str
     plan: SearchPlan
     base_seed: int
     finalists: "Finalists"  # shared by the confirming stages, changed through its methods
-    done: dict[str, "Outcome"]  # identity -> the outcome that counts for it (read only)
-    latest: dict[int, TrialRecord]  # trial number -> its latest record (read only)
-    context: Any  # the search's (read only: a transfer target asks whether the proxy cells are done)
+    done: Mapping[str, "Outcome"]  # identity -> the outcome that counts for it (read only)
+    latest: Mapping[int, TrialRecord]  # trial number -> its latest record (read only)
 
     def records(self) -> list[TrialRecord]: ...
 
@@ -42,6 +42,8 @@ class CellLike(Protocol):
     def new_trial(self, searched: dict[str, Any], seed: int, stage: StageName, **kwargs) -> "Trial": ...
 
     def identify(self, trial: "Trial") -> "Trial": ...
+
+    def proxies_done(self) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ class Transfer(Stage):
     def open(self, cell: CellLike) -> bool | None:
         if self.started:
             return False
-        if not cell.context.proxies_done() or not self.predictions.ready():
+        if not cell.proxies_done() or not self.predictions.ready():
             return None  # waits
         self.started = True
         prediction = self.predictions.of(cell.name)
