@@ -271,9 +271,7 @@ class LedgerFollower:
             if record is None:
                 continue
             record = located(record, self.folder)
-            key = (record.cell, record.trial)
-            if key not in self.latest or record.seq >= self.latest[key].seq:
-                self.latest[key] = record
+            keep_latest(self.latest, record)
             self.read.append(record)
             self._sorted = None
         self.offset += end
@@ -321,7 +319,12 @@ def merged(*copies: list[TrialRecord]) -> dict[tuple[str, int], TrialRecord]:
     latest: dict[tuple[str, int], TrialRecord] = {}
     for records in copies:
         for record in records:
-            key = (record.cell, record.trial)
-            if key not in latest or record.seq >= latest[key].seq:
-                latest[key] = record
+            keep_latest(latest, record)
     return latest
+
+
+def keep_latest(latest: dict[tuple[str, int], TrialRecord], record: TrialRecord) -> None:
+    """`record` replaces its trial's record in `latest` unless that one is later (by `seq`; a tie: the one read last)."""
+    key = (record.cell, record.trial)
+    if key not in latest or record.seq >= latest[key].seq:
+        latest[key] = record

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from blockforge.search.config import OBJECTIVE, SearchPlan, trial_dir
+from blockforge.search.config import OBJECTIVE, SEED_KEY, SearchPlan, trial_dir
 from blockforge.search.ledger import APART, StageName
 from blockforge.search.rungs import Curve, RungTable, curve_of
 from blockforge.search.stages.base import ended_status
@@ -84,7 +84,7 @@ class CellScheduler(FIFOScheduler):
         store = self.store.rebound()
         run_dir = trial_dir(store.local, config["cell"], config["identity"])
         store.pull_run(str(run_dir))  # its curve, as the trial put it up (a remote search's)
-        curve = Curve(config["model"] or config["identity"], dict(config["overrides"])["train.seed"], curve_of(run_dir, self.plan.metric),
+        curve = Curve(config["model"] or config["identity"], dict(config["overrides"])[SEED_KEY], curve_of(run_dir, self.plan.metric),
                       result[self.plan.metric])
         self.tables[config["cell"]].add_curve(curve)
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from blockforge.io import atomic_write_text
-from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
+from blockforge.search.config import MIX_LN_ALPHA, Dimension, SearchPlan, cell_slug
 from blockforge.search.ledger import APART, COLUMNS, TrialRecord
 from blockforge.train.events import Status
 
@@ -60,24 +60,12 @@ def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) 
     atomic_write_text(path, buffer.getvalue())
 
 
-def _distribution(plan: SearchPlan, key: str):
-    """The Optuna distribution a searched key's recipe values lie in (alpha: all of [0, 1], since k/L may sit below a range's low end)."""
-    import optuna.distributions as d
-
+def _dimension(plan: SearchPlan, key: str) -> Dimension | None:
+    """The searched key's dimension, whose recipe values a record holds (alpha: all of [0, 1], since k/L may sit below a
+    range's low end); None for a key this search does not search."""
     if key == MIX_LN_ALPHA:
-        return d.FloatDistribution(0.0, 1.0)
-    return next((dim.optuna() for dim in plan.dimensions if dim.key == key), None)  # None: a key this search does not search
-
-
-def _within(distribution, value) -> bool:
-    """Whether a recipe value is a point of an Optuna distribution (read from its public bounds and choices)."""
-    import optuna.distributions as d
-
-    if isinstance(distribution, d.CategoricalDistribution):
-        return any(value == choice and isinstance(value, bool) == isinstance(choice, bool) for choice in distribution.choices)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not distribution.low <= value <= distribution.high:
-        return False
-    return not isinstance(distribution, d.IntDistribution) or float(value).is_integer()
+        return Dimension(MIX_LN_ALPHA, "uniform", (0.0, 1.0))
+    return next((dim for dim in plan.dimensions if dim.key == key), None)
 
 
 def _frozen_trial(plan: SearchPlan, record: TrialRecord):
@@ -93,9 +81,9 @@ def _frozen_trial(plan: SearchPlan, record: TrialRecord):
         return None
     params, distributions = {}, {}
     for key, value in record.overrides.items():
-        distribution = _distribution(plan, key)
-        if distribution is not None and _within(distribution, value):
-            params[key], distributions[key] = value, distribution
+        dimension = _dimension(plan, key)
+        if dimension is not None and dimension.contains(value):
+            params[key], distributions[key] = value, dimension.optuna()
     value = plan.penalty if record.status == Status.DIVERGED else record.value
     if state == optuna.trial.TrialState.COMPLETE and value is None:
         return None
