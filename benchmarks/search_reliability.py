@@ -109,13 +109,19 @@ def ground_truth(folder: Path, template: dict, depth: int, seeds: int, eval_ever
         if r.status == "completed":
             values.setdefault(r.post_ln_layers, {})[r.seed] = r.value
             curves.setdefault(r.post_ln_layers, {})[r.seed] = curve_of(Path(r.run_dir), "val_loss")
+    return {**truth_of(values, curves), "steps": trained_steps(outcome.records)}
+
+
+def truth_of(values: dict[int, dict[int, float]], curves: dict[int, dict[int, dict[int, float]]]) -> dict:
+    """What the grid says, from every k's value per seed (k -> seed -> value) and curves: per k its mean and sd, the best
+    mean, the k tied with it (paired t, 95%), and each k's verdict and mean difference against Pre-LN (k = 0)."""
     means = {k: statistics.mean(v.values()) for k, v in values.items()}
     best = min(means, key=means.get)
     tied = sorted(k for k in values if k == best or verdict(paired_difference(values[k], values[best]), "min") == "tied")
     verdicts = {k: "Pre-LN" if k == 0 else verdict(paired_difference(values[k], values[0]), "min") for k in values}
     to_pre = {k: paired_difference(values[k], values[0]).mean for k in values if k != 0}
     return {"values": values, "curves": curves, "means": means, "sd": {k: statistics.stdev(v.values()) for k, v in values.items()},
-            "best": best, "tied_best": tied, "verdicts": verdicts, "to_pre": to_pre, "steps": trained_steps(outcome.records)}
+            "best": best, "tied_best": tied, "verdicts": verdicts, "to_pre": to_pre}
 
 
 def rung_agreement(truth: dict, rungs: list[int]) -> list[dict]:
@@ -180,9 +186,12 @@ def replay(path: Path, out: Path, truths: dict[int, dict], base: int, seeds: int
         sys.path.insert(0, sys_path)
     from search.conftest import drive_curves  # noqa: E402  (the tests' driver: Tune's calls, one trial at a time)
 
-    class Fifo:
+    class Fifo:  # no early stopping (the searches replayed here have no scheduler)
         def on_trial_result(self, *args) -> str:
             return "CONTINUE"
+
+        def on_trial_complete(self, *args) -> None:
+            pass
 
     plan = load_search(path)
     shutil.rmtree(out, ignore_errors=True)
@@ -197,40 +206,52 @@ def replay(path: Path, out: Path, truths: dict[int, dict], base: int, seeds: int
     return plan, Ledger(out / "trials.jsonl").records()
 
 
-def multi(args) -> None:
+def multi_rows(name: str, plan, records, truths: dict[int, dict], seeds: int, base: int) -> list[dict]:
+    """Per cell of one replayed search: the chosen k against the ground truth, its verdict, and its compute."""
     from blockforge.search.plan import cell_plan
 
-    truths, grid_flops = {}, 0.0
+    evidence = evidence_by_cell(plan, records)
+    rows = []
+    for cell in plan.cell_names():
+        truth = truths[plan.settings[cell].depth]
+        per_step = cell_plan(plan, cell).trial_flops / plan.settings[cell].steps
+        spent = trained_steps([r for r in records if r.cell == cell]) * per_step
+        grid = len(truth["values"]) * seeds * plan.settings[cell].steps * per_step
+        e = evidence[cell]
+        chosen = e.winner.post_ln_layers
+        diff = e.vs_reference.mean if e.vs_reference else 0.0
+        truth_diff = truth["to_pre"].get(chosen, 0.0)
+        rows.append({"search": name, "base_seed": base, "cell": cell, "chosen_k": chosen, "tied_best": truth["tied_best"],
+                     "in_tied_best": chosen in truth["tied_best"], "verdict": e.verdict, "truth_verdict": truth["verdicts"][chosen],
+                     "contradicts": e.verdict in ("better", "worse") and diff * truth_diff < 0,
+                     "overclaims": e.verdict in ("better", "worse") and truth["verdicts"][chosen] == "tied",
+                     "explored_k": sorted({r.post_ln_layers for r in records if r.cell == cell and r.stage == "explore"
+                                           and r.status == "completed"}),
+                     "flops": spent, "grid_flops": grid})
+    return rows
+
+
+def multi_replays(out: Path, cells: list[str], truths: dict[int, dict], seeds: int, top: int) -> list[dict]:
+    """Both searches (unguided, guided) replayed once per truth seed as base seed: the rows of multi_rows."""
+    rows = []
+    for guided in (False, True):
+        name = "guided" if guided else "unguided"
+        path = write(out, f"multi-{name}-top{top}-{len(cells)}", multi_search(guided, top, cells))
+        for base in range(seeds):
+            plan, records = replay(path, out / f"replay-{name}-top{top}-{len(cells)}-{base}", truths, base, seeds)
+            rows += multi_rows(name, plan, records, truths, seeds, base)
+    return rows
+
+
+def multi(args) -> None:
+    truths = {}
     cells = args.cells.split(",") if args.cells != ",".join(CELLS) else MULTI
     for cell in cells:
         make, depth, eval_every = CELLS[cell]
         folder = Path(args.out) / cell
         folder.mkdir(parents=True, exist_ok=True)
         truths[depth] = ground_truth(folder, make(depth), depth, args.seeds, eval_every)
-    rows = []
-    for guided in (False, True):
-        name = "guided" if guided else "unguided"
-        path = write(Path(args.out), f"multi-{name}-top{args.top}-{len(cells)}", multi_search(guided, args.top, cells))
-        for base in range(args.seeds):
-            plan, records = replay(path, Path(args.out) / f"replay-{name}-top{args.top}-{len(cells)}-{base}", truths, base, args.seeds)
-            evidence = evidence_by_cell(plan, records)
-            for cell in plan.cell_names():
-                depth = plan.settings[cell].depth
-                truth = truths[depth]
-                per_step = cell_plan(plan, cell).trial_flops / plan.settings[cell].steps
-                spent = trained_steps([r for r in records if r.cell == cell]) * per_step
-                grid = len(truth["values"]) * args.seeds * plan.settings[cell].steps * per_step
-                e = evidence[cell]
-                chosen = e.winner.post_ln_layers
-                diff = e.vs_reference.mean if e.vs_reference else 0.0
-                truth_diff = truth["to_pre"].get(chosen, 0.0)
-                rows.append({"search": name, "base_seed": base, "cell": cell, "chosen_k": chosen, "tied_best": truth["tied_best"],
-                             "in_tied_best": chosen in truth["tied_best"], "verdict": e.verdict, "truth_verdict": truth["verdicts"][chosen],
-                             "contradicts": e.verdict in ("better", "worse") and diff * truth_diff < 0,
-                             "overclaims": e.verdict in ("better", "worse") and truth["verdicts"][chosen] == "tied",
-                             "explored_k": sorted({r.post_ln_layers for r in records if r.cell == cell and r.stage == "explore"
-                                                   and r.status == "completed"}),
-                             "flops": spent, "grid_flops": grid})
+    rows = multi_replays(Path(args.out), cells, truths, args.seeds, args.top)
     grid_flops = sum(r["grid_flops"] for r in rows if r["search"] == "unguided" and r["base_seed"] == 0)
     print(f"\nmulti-cell reliability: {len(cells)} cells, ground truth every k x {args.seeds} seeds; each search repeated with every truth seed as base")
     print("search    cell       chosen k (tied-best)        verdict (truth's)     overclaims  contradicts  compute / cell's grid")
