@@ -467,14 +467,14 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     the search is kept, as its views should name it (a remote search's URI; default: `search_dir`)."""
     records = ledger.records()
     found = Findings.of(plan, records)
-    tensorboard = _write_data(search_dir, plan, records, found)
+    transfer_markdown, transfer_lines, transfer_data = transfer_section(found) if plan.targets else ("", [], [])
+    tensorboard = _write_data(search_dir, plan, records, found, transfer_data)
     plots = _write_plots(search_dir, plan, records, found)
     evidence = found.evidence
     headers, rows = cell_rows(plan, records, evidence)
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
     pareto_markdown, pareto_lines = _pareto_markdown(plan, found)
-    transfer_markdown, transfer_lines, _ = transfer_section(found) if plan.targets else ("", [], [])
     sections = {"table": markdown_table(headers, rows), "claims": claims, "lr": lr_lines, "views": _views_text(plan, plots, search_dir, location, tensorboard),
                 "pareto": pareto_markdown, "transfer": _transfer_markdown(plan, transfer_markdown)}
     atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
@@ -486,9 +486,9 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
 
 
-def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findings) -> bool:
+def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findings, transfer_data: list[dict]) -> bool:
     """The data files: results.csv, the Optuna journal, TensorBoard (True when written), best/, alpha_law.json,
-    pareto.json and transfer.json."""
+    pareto.json and transfer.json (`transfer_data`, from transfer_section)."""
     write_results_csv(plan, records, search_dir / "results.csv")
     write_optuna_storage(search_dir, plan, records)
     tensorboard = write_tensorboard(search_dir, records)
@@ -503,7 +503,7 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
                                                                 "costs": p.costs, "mean": p.candidate.mean, "n": p.candidate.n, "on_front": p.on_front}
                                                                for i, p in enumerate(front.points)] for cell, front in found.fronts.items()})
     if plan.targets:
-        atomic_write_json(search_dir / "transfer.json", transfer_section(found)[2])
+        atomic_write_json(search_dir / "transfer.json", transfer_data)
     return tensorboard
 
 

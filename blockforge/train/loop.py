@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import yaml
+
 from blockforge.data import dataset_for
 from blockforge.errors import BlockforgeError, warn
 from blockforge.io import atomic_write_json, atomic_write_text, read_json, remove_leftover_temporaries, writable_folder

@@ -139,6 +139,21 @@ class Finalists:
         """The finalists still in the race."""
         return [f for f in self.models if f.model not in self.dropped]
 
+    def seeds(self, base_seed: int) -> list[int]:
+        """The seeds the finalists have had so far: the exploration's and each further one."""
+        return list(range(base_seed, base_seed + self.extra_seeds + 1))
+
+
+def promoted_before(cell: CellLike) -> list[Finalist]:
+    """The models an earlier driver promoted, as finalists (a search rebuilt from its ledger keeps them; their records say why)."""
+    records = cell.records()
+    promoted = []
+    for model, why in cell.finalists.promoted.items():
+        record = next((r for r in records if r.model == model and r.promoted), None)
+        if record is not None:  # (one promoted by this driver is a finalist already, and may not be recorded yet)
+            promoted.append(Finalist(dict(record.overrides), model, record.uniform_pre, note=why, promoted=why))
+    return promoted
+
 
 class Stage:
     """A stage of a cell's pipeline. Subclasses override what they do; the defaults do nothing."""

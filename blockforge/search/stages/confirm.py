@@ -11,15 +11,12 @@ while their paired interval includes zero, up to max_seeds. Their trials are rec
 
 from __future__ import annotations
 
-
 from blockforge.errors import SpecError
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import CellLike, Finalist, Outcome, Stage
-from blockforge.train.events import Status
+from blockforge.search.stages.base import CellLike, Finalist, Outcome, Stage, promoted_before
 from blockforge.spec.search import mode_sign
-
-
+from blockforge.train.events import Status
 
 RACE_ERROR = 0.05  # the chance, over every look of a race, that a finalist no worse than the leader is dropped
 RACE_METHOD = (f"sequential paired t-test against the leader before each further seed, Bonferroni over the race's looks "
@@ -93,7 +90,8 @@ class Confirm(Stage):
         finalists = cell.finalists
         while finalists.extra_seeds < self.plan.confirm.seeds:  # one round: a further seed for every finalist still racing
             self._drop_behind(cell)
-            seeds = list(range(cell.base_seed, cell.base_seed + finalists.next_seed() + 1))  # a promoted finalist catches up on earlier ones
+            finalists.next_seed()
+            seeds = finalists.seeds(cell.base_seed)  # a promoted finalist catches up on earlier ones
             queued = [self.queue(cell, f.searched, seeds, note=f.note, promoted=f.promoted) for f in finalists.racing()]
             if any(queued):
                 return True
@@ -103,10 +101,8 @@ class Confirm(Stage):
         unique: dict[str, Finalist] = {}
         for f in self.finalists(cell, self.ranked(cell)):
             unique.setdefault(f.model, Finalist(f.searched, f.model, f.uniform_pre))
-        for model, why in cell.finalists.promoted.items():  # models an earlier driver promoted stay finalists (a search rebuilt from its ledger)
-            if model not in unique:
-                record = next(r for r in cell.records() if r.model == model and r.promoted)
-                unique[model] = Finalist(dict(record.overrides), model, record.uniform_pre, note=why, promoted=why)
+        for f in promoted_before(cell):
+            unique.setdefault(f.model, f)
         cell.finalists.choose(list(unique.values()))
 
     def _drop_behind(self, cell: CellLike) -> None:
@@ -118,8 +114,7 @@ class Confirm(Stage):
             return
         by_model = {c.model: c for c in cell.evidence(1).candidates}
         in_race = [by_model[f.model] for f in finalists.racing() if f.model in by_model]
-        seeds = list(range(cell.base_seed, cell.base_seed + finalists.extra_seeds + 1))
-        for model, (leader, diff) in race_drops(in_race, seeds, self.plan).items():
+        for model, (leader, diff) in race_drops(in_race, finalists.seeds(cell.base_seed), self.plan).items():
             finalists.drop(model, f"left the race after {diff.n} seeds: behind {describe(leader)} by {diff.text()}")
 
     def ranked(self, cell: CellLike) -> list[Outcome]:

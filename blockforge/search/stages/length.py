@@ -8,11 +8,9 @@ said there).
 
 from __future__ import annotations
 
-
 from blockforge.search.config import SearchPlan, trial_rel
 from blockforge.search.ledger import StageName
 from blockforge.search.stages.base import CellLike, Stage
-
 
 
 class Length(Stage):

@@ -8,12 +8,9 @@ of its records (`promoted`), so a search rebuilt from its ledger keeps the decis
 
 from __future__ import annotations
 
-
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import StageName
-from blockforge.search.stages.base import CellLike, Finalist, Stage
-
-
+from blockforge.search.stages.base import CellLike, Finalist, Stage, promoted_before
 
 PROMOTION_RULE = """Confirmation trains several models of each cell to the full budget with the same seeds; their curves
 show how far the ranking at an early step agrees with the final one (Kendall tau, mean over seeds) and
@@ -32,9 +29,8 @@ class Promote(Stage):
         if self.plan.confirm is None and not self.resumed:  # no confirmation took them back in: models promoted before this driver
             self.resumed = True
             queued = False
-            for model, why in cell.finalists.promoted.items():
-                record = next(r for r in cell.records() if r.model == model and r.promoted)
-                queued |= self.queue(cell, dict(record.overrides), [cell.base_seed], note=why, promoted=why)
+            for f in promoted_before(cell):
+                queued |= self.queue(cell, f.searched, [cell.base_seed], note=f.note, promoted=f.promoted)
             if queued:
                 return True
         from blockforge.search.rungs import pruned_checks
@@ -49,8 +45,7 @@ class Promote(Stage):
             why = (f"promoted: pruned at step {check.step} {check.margin:.3g} behind the best full-budget curve of its seed, "
                    f"inside the {check.crossing:.3g} by which full-budget curves were overtaken there")
             finalists.promote(Finalist(dict(record.overrides), check.model, record.uniform_pre, note=why, promoted=why))
-            seeds = [cell.base_seed + i for i in range(1 + (finalists.extra_seeds if self.plan.confirm else 0))]
-            queued |= self.queue(cell, dict(record.overrides), seeds, note=why, promoted=why)
+            queued |= self.queue(cell, dict(record.overrides), finalists.seeds(cell.base_seed), note=why, promoted=why)  # as many as the finalists have
         return queued
 
     @classmethod
