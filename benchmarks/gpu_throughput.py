@@ -96,6 +96,15 @@ def check_numerics(device: str, tiny: bool) -> dict:
     return result
 
 
+HEADER = f"\n{'model':40s} {'batch':>5s} {'tok|img/s':>12s} {'MFU':>7s} {'peak GiB':>9s}"
+
+
+def report(row: dict) -> dict:
+    """Print one table row as soon as it is measured (a run stopped by a time limit keeps what it measured)."""
+    print(f"{row['model']:40s} {row['batch']:5d} {row['tok_or_img_per_s']:12,.0f} {row['mfu']:7.1%} {row['peak_mem_gib']:9.2f}", flush=True)
+    return row
+
+
 def time_training(model, make_batch, loss_fn, device: str, steps: int, warmup: int) -> tuple[float, float]:
     """Seconds per step (fwd + bwd + fused AdamW) and peak memory in bytes."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -122,8 +131,8 @@ def llama_rows(size: str, args, peak: float) -> list[dict]:
     width, depth, heads, ffn, micro = (TINY if args.tiny else SIZES)[size]
     micro = args.micro_batch or micro
     rows = []
-    variants = [("blockforge pre", False, False), ("blockforge mix", True, False), ("blockforge pre compiled", False, True),
-                ("blockforge mix compiled", True, True), ("hf LlamaForCausalLM", False, None)]
+    variants = [("blockforge pre", False, False), ("blockforge mix", True, False), ("hf LlamaForCausalLM", False, None),
+                ("blockforge pre compiled", False, True), ("blockforge mix compiled", True, True)]
     if args.no_compile:
         variants = [v for v in variants if not v[2]]
     for name, mix, compiled in variants:
@@ -152,7 +161,7 @@ def llama_rows(size: str, args, peak: float) -> list[dict]:
         seconds, memory = time_training(model, make_batch, loss_fn, args.device, args.steps, args.warmup)
         tokens = micro * 256 / seconds
         flops = llama_flops_per_token(resolve(spec), params, embedding) * tokens
-        rows.append({"model": f"llama-{size} {name}", "batch": micro, "tok_or_img_per_s": tokens, "mfu": flops / peak, "peak_mem_gib": memory / 2**30})
+        rows.append(report({"model": f"llama-{size} {name}", "batch": micro, "tok_or_img_per_s": tokens, "mfu": flops / peak, "peak_mem_gib": memory / 2**30}))
         del model
         gc.collect()
         if args.device == "cuda":
@@ -192,7 +201,7 @@ def vit_rows(args, peak: float) -> list[dict]:
         seconds, memory = time_training(model, make_batch, loss_fn, args.device, args.steps, args.warmup)
         images = batch_size / seconds
         flops = (6 * params * tokens + 12 * cfg["depth"] * tokens * tokens * cfg["width"]) * images
-        rows.append({"model": f"vit-small {name}", "batch": batch_size, "tok_or_img_per_s": images, "mfu": flops / peak, "peak_mem_gib": memory / 2**30})
+        rows.append(report({"model": f"vit-small {name}", "batch": batch_size, "tok_or_img_per_s": images, "mfu": flops / peak, "peak_mem_gib": memory / 2**30}))
         del model, reference
         gc.collect()
     return rows
@@ -217,14 +226,15 @@ def main() -> None:
     print("numerics:", json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in numerics.items()}))
     peak = peak_bf16_flops(args.device)
     print(f"peak bf16 matmul: {peak / 1e12:.1f} TFLOP/s")
+    print(HEADER)
     rows = []
     for size in args.sizes:
         rows += llama_rows(size, args, peak)
     rows += vit_rows(args, peak)
 
-    print(f"\n{'model':40s} {'batch':>5s} {'tok|img/s':>12s} {'MFU':>7s} {'peak GiB':>9s}")
+    print(HEADER)
     for r in rows:
-        print(f"{r['model']:40s} {r['batch']:5d} {r['tok_or_img_per_s']:12,.0f} {r['mfu']:7.1%} {r['peak_mem_gib']:9.2f}")
+        report(r)
     by_name = {r["model"]: r for r in rows}
     print()
     for size in args.sizes:

@@ -458,7 +458,7 @@ def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: boo
     and generation_config.json (eos lists, sampling defaults), so it leaves again as the class it came as, with the same
     tokenizer and generation settings. `base_model` and `license` default to those of the source folder's model card.
     """
-    from blockforge.families.llama_hf import _float32_copy
+    from blockforge.families.llama_hf import _float32_cpu_copy
 
     spec = getattr(model, "spec", None)
     if not isinstance(spec, ResolvedSpec):
@@ -475,7 +475,7 @@ def save(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, force: boo
     if tokenizer is None and folder is not None and (folder / "tokenizer_config.json").is_file():
         tokenizer = folder
     card_fields = _front_matter(folder) if folder is not None else {}
-    model = _float32_copy(model)
+    model = _float32_cpu_copy(model)
     with export_folder(out, force=force) as stage:
         save_weights(model, stage / "model.safetensors", spec)
         save_spec(spec, stage / "spec.yaml")

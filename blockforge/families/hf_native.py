@@ -18,7 +18,7 @@ from torch import nn
 
 from blockforge.families.conversion import ConversionError, check_same_outputs, evaluating, probe_tokens
 from blockforge.families.llama_hf import (
-    ACTIVATIONS, DESIGNS, TOKEN_ID_KEYS, _float32_copy, _interleaved_to_half_split, _layer_ropes, _layer_windows, _spec_from_config,
+    ACTIVATIONS, DESIGNS, TOKEN_ID_KEYS, _float32_cpu_copy, _interleaved_to_half_split, _layer_ropes, _layer_windows, _spec_from_config,
 )
 from blockforge.nn.build import copy_weight
 from blockforge.spec.fields import plain_problems
@@ -212,7 +212,7 @@ def to_hf(model: nn.Module, kind: str | None = None, *, ids: dict | None = None,
     hf_model.generation_config = GenerationConfig(**{**ids, **(generation or {})})  # exactly these settings, nothing taken from the config
     hf_model.eval()
     tokens = probe_tokens(spec)
-    with torch.no_grad(), evaluating(_float32_copy(model)) as reference:
+    with torch.no_grad(), evaluating(_float32_cpu_copy(model)) as reference:
         check_same_outputs(hf_model(tokens).logits, reference(tokens), f"the {CLASSES[kind][1]}", cause="so the class computes something else")
     return hf_model
 

@@ -75,10 +75,14 @@ CONVERTED_TYPES = tuple(DESIGNS)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # transformers' names -> blockforge's
 
 
-def _float32_copy(model: nn.Module) -> nn.Module:
+def _float32_cpu_copy(model: nn.Module) -> nn.Module:
+    """`model` itself where every weight is float32 on the CPU, else such a copy: conversions, exports and their checks run
+    there, whatever device and precision the model trained in."""
     import copy
 
-    return model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
+    if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).to("cpu", torch.float32)
 
 
 def _rope_of(rope: dict | None, config) -> dict:
