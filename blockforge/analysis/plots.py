@@ -9,13 +9,19 @@ import json
 import os
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.figure import Figure
 
 from blockforge.io import save_png
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 
 def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure  # imported when a figure is drawn: the command line starts without matplotlib
+
     return Figure(figsize=(width, height), layout="constrained")
 
 

@@ -22,7 +22,6 @@ from typing import Iterable, Iterator
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from blockforge.spec.data import TokenizerConfig
 from blockforge.data.corpus import text_hash
@@ -113,6 +112,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
             f"{directory}: no saved tokenizer here (tokenizer_config.json is missing); "
             "give the folder a run or an export wrote it to"
         )
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -185,11 +185,15 @@ def train_bpe(texts: list[str], vocab_size: int) -> tokenizers.Tokenizer:
 
 
 def wrap_bpe(backend: tokenizers.Tokenizer, name: str) -> Tokenizer:
+    from transformers import PreTrainedTokenizerFast
+
     return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN), name)
 
 
 def load_hf_tokenizer(name: str) -> Tokenizer:
     """A Hugging Face tokenizer from a local folder or the local HF cache; never downloads (fails fast)."""
+    from transformers import AutoTokenizer
+
     try:
         hf = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except Exception:
