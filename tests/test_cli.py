@@ -22,9 +22,13 @@ def test_inspect_paper_recipe_counts_parameters(capsys):
     assert "post x2, pre x30" in out and "6,738,415,616" in out
 
 
-def test_console_script_help():
-    done = subprocess.run([sys.executable, "-m", "blockforge", "--help"], capture_output=True, text=True)
-    assert done.returncode == 0 and "inspect" in done.stdout
+def test_console_script_help_starts_without_transformers_or_matplotlib():
+    """`blockforge --help` (and every command's start) imports neither: each costs about a second on two cores."""
+    probe = ("import runpy, sys\nsys.argv = ['blockforge', '--help']\ntry:\n    runpy.run_module('blockforge', run_name='__main__')\n"
+             "except SystemExit:\n    pass\nprint('loaded:', sorted(m for m in ('transformers', 'matplotlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and "inspect" in done.stdout, done.stderr
+    assert "loaded: []" in done.stdout, done.stdout[-200:]
 
 
 def test_output_cut_short_by_a_closed_pipe_is_not_an_error():
