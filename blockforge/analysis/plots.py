@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
