@@ -2,12 +2,12 @@
 # Every GPU check in one command, for a machine with one CUDA GPU and PyTorch, transformers, timm and
 # pytest already installed (blockforge runs from this checkout; ray, optuna, datasets and gguf are not
 # needed for these checks). Each stage has its own time limit, and its log lands in $OUT (default
-# ./gpu-check). STAGES picks stages (default: all three, in this order).
+# runs/gpu-check). STAGES picks stages (default: all three, in this order).
 #
 #     bash benchmarks/gpu_check.sh
 #     STAGES="tests train" bash benchmarks/gpu_check.sh
 set -uo pipefail
-OUT=${OUT:-gpu-check}
+OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 
