@@ -3,7 +3,6 @@
 Skipped where there is no GPU (as on CI); `bash benchmarks/gpu_check.sh` runs them on one, with the throughput benchmark.
 """
 
-import json
 import os
 import signal
 
@@ -14,7 +13,7 @@ import yaml
 import blockforge
 from blockforge.spec import load_recipe
 from blockforge.train.loop import Trainer, train
-from tiny_data import tiny_llama, write_recipe
+from tiny_data import losses, tiny_llama, write_recipe
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -68,8 +67,3 @@ def test_training_on_the_gpu_learns_in_bf16_and_a_preempted_run_resumes_exactly(
     curve, again = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
     assert curve[40] < curve[1] - 0.5, curve  # it learns
     assert again == curve and resumed.metrics["val_loss"] == straight.metrics["val_loss"]
-
-
-def losses(run) -> dict[int, float]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in lines if r["event"] == "train"}

@@ -1,6 +1,7 @@
 """A generated text corpus and the tiny llama the tests share: as a ModelSpec (tiny_llama) and as a recipe on the
 corpus (tiny_recipe, write_recipe)."""
 
+import json
 import random
 from pathlib import Path
 
@@ -52,3 +53,12 @@ def write_recipe(folder: Path, name: str = "tiny.yaml", **kwargs) -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(tiny_recipe(folder, **kwargs)))
     return path
+
+
+def losses(run: Path) -> dict[int, float]:
+    """A run folder's training loss per logged step (metrics.jsonl), each step logged once."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [r for r in lines if r["event"] == "train"]
+    steps = [r["step"] for r in train_lines]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["loss"] for r in train_lines}

@@ -82,7 +82,14 @@ def _float32_cpu_copy(model: nn.Module) -> nn.Module:
 
     if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters()):
         return model
-    return copy.deepcopy(model).to("cpu", torch.float32)
+
+    def on_cpu(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu", torch.float32 if tensor.is_floating_point() else tensor.dtype, copy=True)
+
+    # Each tensor goes to the CPU on its own (a tied weight stays one), so a model on a GPU is never copied there.
+    memo = {id(p): nn.Parameter(on_cpu(p), requires_grad=p.requires_grad) for p in model.parameters()}
+    memo.update({id(b): on_cpu(b) for b in model.buffers()})
+    return copy.deepcopy(model, memo)
 
 
 def _rope_of(rope: dict | None, config) -> dict:

@@ -17,14 +17,7 @@ from blockforge.cli import main
 from blockforge.export import export_run, load
 from blockforge.spec import load_recipe
 from blockforge.train.loop import EXIT_DIVERGED, train
-
-
-def losses(run: Path) -> dict[int, float]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train_lines = [r for r in lines if r["event"] == "train"]
-    steps = [r["step"] for r in train_lines]
-    assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["loss"] for r in train_lines}
+from tiny_data import losses
 
 
 def test_same_seed_same_losses_and_learning(tmp_path, recipe_file):
