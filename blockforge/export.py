@@ -225,7 +225,7 @@ def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
 
 def _remove_abandoned(out: Path) -> None:
     """Remove what an export into `out` killed before it finished left beside it (.NAME.partial-PID-*, its process gone)."""
-    from blockforge.train.lock import process_alive
+    from blockforge.lock import process_alive
 
     for leftover in out.parent.glob(f".{out.name}.partial-*") if out.parent.is_dir() else ():
         pid = leftover.name.rsplit(".partial-", 1)[1].split("-", 1)[0]

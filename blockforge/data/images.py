@@ -94,8 +94,8 @@ class TensorImageDataset:
             x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True, align_corners=False)
         return (x - self.mean) / self.std, labels.long()
 
-    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[Batch]:
-        for _, indices in shuffled_batches(len(self.train_labels), batch_size, self.seed, start):
+    def train_batches(self, batch_size: int, start: int = 0, part: tuple[int, int] | None = None) -> Iterator[Batch]:
+        for _, indices in shuffled_batches(len(self.train_labels), batch_size, self.seed, start, part=part):
             indices = torch.from_numpy(indices)
             yield self._batch(self.train_images[indices], self.train_labels[indices])
 
@@ -302,10 +302,10 @@ class ImageFolderDataset:
         except (FileNotFoundError, OSError) as err:
             raise DataError(f"data.path: {path} has no usable images ({err}); put images in one sub-folder per class") from None
 
-    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[Batch]:
+    def train_batches(self, batch_size: int, start: int = 0, part: tuple[int, int] | None = None) -> Iterator[Batch]:
         batches = (
             list(zip(indices.tolist(), positions.tolist()))
-            for positions, indices in shuffled_batches(len(self.train), batch_size, self.seed, start)
+            for positions, indices in shuffled_batches(len(self.train), batch_size, self.seed, start, part=part)
         )
         loader = torch.utils.data.DataLoader(self.train, batch_sampler=batches, num_workers=self.num_workers, collate_fn=collate)
         yield from loader

@@ -1,55 +1,84 @@
-"""Token batches for the language model: the in-memory and the streaming text dataset.
+"""Token rows for the language model: how a recipe's text source becomes the dataset a run reads.
 
 A row holds seq_len + 1 tokens (inputs row[:-1], targets row[1:]). With `data.pack`, documents, each
 followed by the end-of-document id, are concatenated and cut into windows that overlap by one token,
 so every token is a target exactly once. Without it each document is one row, truncated or padded
 with `pad_id`; the loss must ignore targets equal to `pad_id` (the Mix-LN paper's C4 setup).
 
-TextDataset (builtin, text, downloaded hf) tokenizes its corpus once and caches the tokens as .npy,
-keyed by a hash of the corpus and the tokenizer; rows are reshuffled every epoch (batching.py).
-StreamingTextDataset (hf with `data.streaming`) tokenizes while it reads; every epoch reshuffles the
-stream (shard order and a buffer) with a seed derived from (seed, epoch). Resuming at batch k replays
-the stream from its start: unpacked, it skips k * batch_size documents without tokenizing them;
-packed, it has to tokenize them to know where the windows fall.
+Every source but a raw stream is read through one reader, a prepared set (prepared.py): `data.prepared`
+names one that `blockforge prepare` wrote, and a finite source (builtin, text, downloaded hf) without it is
+prepared once into the node's cache, keyed by a hash of its documents, its tokenizer and the row layout, and
+read from there. Rows are reshuffled every epoch (batching.py) and read by index, so a resume costs the same
+at any position.
+
+StreamingTextDataset (hf with `data.streaming`, no `data.prepared`) tokenizes while it reads, in the training
+loop; a run says so once. Every epoch reshuffles the stream (shard order and a buffer) with a seed derived
+from (seed, epoch). Resuming at batch k replays the stream from its start: unpacked, it skips k * batch_size
+documents without tokenizing them; packed, it has to tokenize them to know where the windows fall.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
 
-from blockforge.data.batching import derived_seed, shuffled_batches
-from blockforge.spec.data import DataConfig
+from blockforge.data.batching import derived_seed, part_of
 from blockforge.data.corpus import Corpus, hf_texts, load_corpus, open_hf_split, source_key, validation_score
+from blockforge.data.prepared import SAMPLE_TOKENS, Layout, PreparedSet, PreparedTextDataset, check_matches, to_batch
 from blockforge.data.tokenizer import Tokenizer, build_tokenizer, check_token_ids
-from blockforge.errors import DataError
-from blockforge.io import atomic_write
+from blockforge.errors import DataError, warn
+from blockforge.spec.data import DataConfig
 
 STREAM_SHUFFLE_BUFFER = 10_000  # documents
 # Streams have no end to count from: validation (when no limit is given) and the unigram counts read
 # this many tokens (the Mix-LN paper evaluates on ~10M C4 validation tokens).
-STREAM_SAMPLE_TOKENS = 10_000_000
+STREAM_SAMPLE_TOKENS = SAMPLE_TOKENS
 
 
 def build_text_dataset(
     cfg: DataConfig, *, seq_len: int, vocab: int | None, seed: int, cache_dir: Path, run_dir: Path | None
-) -> TextDataset | StreamingTextDataset:
-    if cfg.source == "hf" and cfg.streaming:
+) -> PreparedTextDataset | StreamingTextDataset:
+    layout = Layout(pack=cfg.pack, context=seq_len)
+    if cfg.prepared is not None:
+        prepared = PreparedSet.open(cfg.prepared)
+        check_matches(prepared.manifest, cfg, layout, vocab, cfg.prepared)
+        dataset = PreparedTextDataset(prepared, seq_len=seq_len, vocab=vocab, seed=seed)
+    elif cfg.source == "hf" and cfg.streaming:
         dataset = StreamingTextDataset(cfg, seq_len=seq_len, vocab=vocab, seed=seed, cache_dir=cache_dir)
+        warn(f"data: streaming {cfg.dataset!r} and tokenizing it in the training loop, in series with every step, and a resume "
+             "reads the stream again up to where it stopped; `blockforge prepare RECIPE --out PATH --tokens N` and "
+             "data.prepared: PATH read rows by index instead")
     else:
         corpus = load_corpus(cfg, cache_dir)
         tokenizer = build_tokenizer(cfg.tokenizer, corpus.train, max_chars=cfg.bpe_train_chars, cache_dir=cache_dir, vocab=vocab)
-        dataset = TextDataset(
-            corpus, tokenizer, key=source_key(cfg), seq_len=seq_len, vocab=vocab, pack=cfg.pack, seed=seed, cache_dir=cache_dir
-        )
+        dataset = cached_set(cfg, corpus, tokenizer, layout=layout, vocab=vocab, seed=seed, cache_dir=cache_dir)
     if run_dir is not None:
         dataset.tokenizer.save(Path(run_dir) / "tokenizer")
     return dataset
+
+
+def cached_set(cfg: DataConfig, corpus: Corpus, tokenizer: Tokenizer, *, layout: Layout, vocab: int | None, seed: int,
+               cache_dir: Path) -> PreparedTextDataset:
+    """A finite source's rows, from its prepared set in the cache (prepared here first when it is not there)."""
+    from blockforge.data.prepare import Request, prepare
+
+    key = hashlib.sha256(f"{corpus.content_hash()}|{tokenizer.fingerprint}|{layout.to_plain()}".encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / "prepared" / "local" / key
+    request = Request(replace(cfg, prepared=None), layout, vocab)
+    if not (folder / "manifest.json").is_file():
+        # Another process of this node preparing the same set is waited for; its set is then this one's.
+        prepare(request, folder, corpus=corpus, tokenizer=tokenizer, progress=False, wait_s=3600.0)
+    prepared = PreparedSet.open(folder)
+    key_name = source_key(cfg)
+    empty = {"train": (f"{key_name}: the training split", "add text or lower model.context"),
+             "val": (f"{key_name}: the validation split", "raise data.val_fraction or lower model.context")}
+    return PreparedTextDataset(prepared, seq_len=layout.context, vocab=vocab, seed=seed, empty=empty)
 
 
 # --- rows ---------------------------------------------------------------------------------------
@@ -80,108 +109,11 @@ def padded_row(ids: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     return row
 
 
-def to_batch(rows: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(rows.astype(np.int64))
-
-
 def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
     """Perplexity on val_tokens of token frequencies counted on train_tokens, add-one smoothed over the vocabulary."""
     counts = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64)
     log_probs = np.log(counts + 1.0) - np.log(len(train_tokens) + vocab_size)
     return float(np.exp(-log_probs[val_tokens].mean()))
-
-
-# --- in memory ----------------------------------------------------------------------------------
-
-
-class TokenSplit(NamedTuple):
-    tokens: np.ndarray  # every document's ids, each followed by the end-of-document id
-    lengths: np.ndarray  # tokens per document, end-of-document id included
-
-    def documents(self) -> list[np.ndarray]:
-        return np.split(self.tokens, np.cumsum(self.lengths)[:-1])
-
-
-def tokenize(tokenizer: Tokenizer, texts: Iterable[str]) -> TokenSplit:
-    documents = list(tokenizer.encode_documents(texts))
-    return TokenSplit(np.concatenate(documents), np.array([len(ids) for ids in documents], dtype=np.int64))
-
-
-def save_npy(path: Path, array: np.ndarray) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.save would append .npy to a temp name
-            np.save(f, array)
-
-    atomic_write(path, write)
-
-
-def cached_tokens(corpus: Corpus, tokenizer: Tokenizer, cache_dir: Path) -> tuple[TokenSplit, TokenSplit]:
-    """The corpus tokenized, from cache_dir/tokens/<hash of corpus and tokenizer>/ when it is there."""
-    key = hashlib.sha256(f"{corpus.content_hash()}|{tokenizer.fingerprint}".encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / "tokens" / key
-    names = ("train", "val")
-    try:
-        return tuple(TokenSplit(*(np.load(folder / f"{name}-{part}.npy") for part in TokenSplit._fields)) for name in names)
-    except (OSError, ValueError):
-        splits = (tokenize(tokenizer, corpus.train), tokenize(tokenizer, corpus.val))
-        for name, split in zip(names, splits):
-            for part, array in zip(TokenSplit._fields, split):
-                save_npy(folder / f"{name}-{part}.npy", array)
-        return splits
-
-
-class TextDataset:
-    """A tokenized corpus in memory: rows shuffled per epoch, validation rows in a fixed order."""
-
-    kind = "text"
-
-    def __init__(
-        self, corpus: Corpus, tokenizer: Tokenizer, *,
-        key: str, seq_len: int, vocab: int | None, pack: bool, seed: int, cache_dir: Path,
-    ):
-        self.tokenizer = tokenizer
-        self.seq_len = seq_len
-        self.seed = seed
-        self.pad_id = None if pack else tokenizer.pad_id
-        self.train, self.val = cached_tokens(corpus, tokenizer, cache_dir)
-        check_token_ids(max(int(self.train.tokens.max()), int(self.val.tokens.max()), self.pad_id or 0), vocab, tokenizer)
-        self.train_rows = self._rows(self.train, f"{key}: the training split", "add text or lower model.context")
-        self.val_rows = self._rows(self.val, f"{key}: the validation split", "raise data.val_fraction or lower model.context")
-        self.info = {**corpus.info, "documents": {"train": len(corpus.train), "val": len(corpus.val)}}
-
-    def _rows(self, split: TokenSplit, what: str, fix: str) -> np.ndarray:
-        if self.pad_id is None:
-            rows = packed_rows(split.tokens, self.seq_len)
-        else:
-            rows = np.stack([padded_row(ids, self.seq_len, self.pad_id) for ids in split.documents()])
-        if len(rows) == 0:
-            raise DataError(
-                f"{what} has {len(split.tokens)} tokens, fewer than one row of model.context + 1 = {self.seq_len + 1}; {fix}"
-            )
-        return rows
-
-    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[torch.Tensor]:
-        for _, indices in shuffled_batches(len(self.train_rows), batch_size, self.seed, start):
-            yield to_batch(self.train_rows[indices])
-
-    def val_batches(self, batch_size: int, limit: int | None = None) -> list[torch.Tensor]:
-        starts = range(0, len(self.val_rows), batch_size)[:limit]
-        return [to_batch(self.val_rows[i : i + batch_size]) for i in starts]
-
-    def unigram_perplexity(self) -> float:
-        return unigram_perplexity(self.train.tokens, self.val.tokens, self.tokenizer.vocab_size)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **self.info,
-            "tokens": {"train": len(self.train.tokens), "val": len(self.val.tokens)},
-            "rows": {"train": len(self.train_rows), "val": len(self.val_rows)},
-            "tokenizer": self.tokenizer.name,
-            "vocab_size": self.tokenizer.vocab_size,
-            "seq_len": self.seq_len,
-            "pack": self.pad_id is None,
-            "unigram_val_ppl": round(self.unigram_perplexity(), 2),
-        }
 
 
 # --- streaming ----------------------------------------------------------------------------------
@@ -253,14 +185,16 @@ class StreamingTextDataset:
                     "check data.split and data.text_field"
                 )
 
-    def train_batches(self, batch_size: int, start: int = 0) -> Iterator[torch.Tensor]:
+    def train_batches(self, batch_size: int, start: int = 0, part: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
+        """Every rank reads and tokenizes the whole batch (a stream has no index) and keeps its share (`part`)."""
         skipped = start * batch_size
+        share = part_of(batch_size, part)
         if self.pad_id is None:
             rows = itertools.islice(self._rows(self._encode(self._training_texts())), skipped, None)
         else:  # one row per document: skip documents before tokenizing
             rows = self._rows(self._encode(itertools.islice(self._training_texts(), skipped, None)))
         while True:
-            yield to_batch(np.stack(list(itertools.islice(rows, batch_size))))
+            yield to_batch(np.stack(list(itertools.islice(rows, batch_size))[share]))
 
     def val_batches(self, batch_size: int, limit: int | None = None) -> list[torch.Tensor]:
         """The first rows of the validation stream: the same rows on every call."""
@@ -301,4 +235,5 @@ class StreamingTextDataset:
             "vocab_size": self.tokenizer.vocab_size,
             "seq_len": self.seq_len,
             "pack": self.pad_id is None,
+            "reader": "stream, tokenized in the training loop",
         }

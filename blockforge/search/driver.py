@@ -31,7 +31,7 @@ from blockforge.search.store import SearchStore
 from blockforge.spec import Assignment
 from blockforge.storage import Storage
 from blockforge.train.events import Status
-from blockforge.train.lock import RunLock
+from blockforge.lock import RunLock
 
 SEARCH_LOCK = "search.lock"  # held by the driver that runs the search in a folder
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory

@@ -212,7 +212,7 @@ def trial_folder(storage: Storage, cell: str, identity: str) -> Iterator[tuple[P
     if storage.local:
         yield Path(storage.uri) / rel, None
         return
-    from blockforge.train.lock import RunLock
+    from blockforge.lock import RunLock
 
     root = node_scratch(storage)
     scratch = root / rel
@@ -243,7 +243,7 @@ def trial_folder(storage: Storage, cell: str, identity: str) -> Iterator[tuple[P
 
 def _remove_ended(root: Path, keep: Path) -> None:
     """Remove the scratch run folders under `root` that no live trial holds (a trial stopped inside Tune's report leaves its own)."""
-    from blockforge.train.lock import RunLock
+    from blockforge.lock import RunLock
 
     for folder in root.glob("trials/*/*"):
         if folder == keep or not folder.is_dir():

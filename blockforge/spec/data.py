@@ -31,6 +31,8 @@ class DataConfig:
     # Fields always in a trial's identity; one added later enters only when set away from its default (strict.canonical).
     hash_baseline = frozenset({"source", "path", "dataset", "name", "split", "val_split", "text_field", "streaming", "tokenizer",
                                "val_fraction", "pack", "bpe_train_chars", "num_workers"})
+    # Where the rows are read from, not what they are: a run on a prepared set trains on the rows the settings above name.
+    hash_excluded = frozenset({"prepared"})
 
     source: str = choice(*TEXT_SOURCES, *IMAGE_SOURCES, default="builtin")
     path: str | list[str] | None = None  # text: files or globs; fashion-mnist / image-folder: a folder
@@ -45,6 +47,8 @@ class DataConfig:
     pack: bool = True  # pack documents into full sequences; false pads/truncates each (the paper's C4 setup)
     bpe_train_chars: int = 20_000_000  # text read to train a BPE tokenizer
     num_workers: int = 0
+    # A prepared set (`blockforge prepare`) of this data, a folder or a URI: its rows are read by index, not tokenized here
+    prepared: str | None = None
 
     def check(self, path: str) -> None:
         if self.source == "text" and not self.path:
@@ -53,6 +57,8 @@ class DataConfig:
             raise SpecError(f"is required for source {self.source} (a folder)", path=f"{path}.path")
         if self.source == "hf" and not self.dataset:
             raise SpecError("is required for source hf (e.g. allenai/c4)", path=f"{path}.dataset")
+        if self.prepared is not None and self.kind != "text":
+            raise SpecError(f"holds token rows, and data.source {self.source} is images; leave data.prepared out", path=f"{path}.prepared")
         if not 0.0 < self.val_fraction < 1.0:
             raise SpecError(f"must lie in (0, 1), not {self.val_fraction}", path=f"{path}.val_fraction")
 

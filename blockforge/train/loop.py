@@ -4,9 +4,15 @@
 stop a run; `Trainer.run()` drives it to the end; `callbacks` see every optimizer step. Same recipe,
 seed and machine give the same losses, and a run resumed from its checkpoint continues exactly
 where it stopped. A Trainer owns its run folder (run.lock) from start to end, and SIGTERM or a first
-Ctrl-C ends it cleanly after the current step (status interrupted). The parts live beside it: runtime
-(device, precision), task (loss, evaluation, per-layer gradient norms), runlog (metrics.jsonl),
-checkpoint, lock, signals, events (statuses and events).
+Ctrl-C ends it cleanly after the current step (status interrupted).
+
+The step never waits for data or for the device when it need not: batches are read ahead in a thread (feed.py;
+each process reads only its own rows of the global batch), and a step's loss and gradient norm stay on the
+device until the loop logs them, so the host runs ahead of the accelerator. They are read (in one transfer) at
+the first step, every logged step, evaluations and checkpoints, a stop, and at every step when callbacks are
+given; the divergence rule then checks each step read, in order, and a run that diverged ends at the step that
+did. The parts live beside it: runtime (device, precision), feed (batches made ahead), task (loss, evaluation,
+per-layer gradient norms), runlog (metrics.jsonl), checkpoint, signals, events (statuses and events).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import math
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -32,22 +39,29 @@ from blockforge.spec.strict import to_plain
 from blockforge.train.checkpoint import apply_weights, checkpoint_folders, restore_training_state, resume_checkpoint, save_checkpoint
 from blockforge.train.distributed import Parallel, World, agree_on_stop, barrier, init_world, mean_across
 from blockforge.train.events import Evaluation, Status, Step, TrainResult
-from blockforge.train.lock import RunLock
+from blockforge.train.feed import Feed
+from blockforge.lock import RunLock
 from blockforge.train.memory import check_fits
 from blockforge.train.optim import learning_rate, make_optimizer, set_learning_rate
 from blockforge.train.progress import Progress
 from blockforge.train.runlog import RunLog
-from blockforge.train.runtime import Runtime, pick_device, to_device
+from blockforge.train.runtime import Runtime, pick_device
 from blockforge.train.signals import StopRequest
 from blockforge.train.task import evaluate, layer_grad_norms
 
 EXIT_DIVERGED = 3
 
 
-def _rows(batch, start: int, stop: int):
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(t[start:stop] for t in batch)
-    return batch[start:stop]
+@dataclass
+class _Pending:
+    """An optimizer step whose loss and gradient norm are still on the device (read when the loop logs them)."""
+
+    step: int  # 1-based
+    lr: float
+    loss: torch.Tensor  # this process's mean over its micro-batches
+    grad_norm: torch.Tensor
+    samples: int
+    layer_grad_norms: list[float] | None
 
 
 def holds_run(path: Path) -> bool:
@@ -103,6 +117,7 @@ class Trainer:
         self.family = get_family(self.spec.family)
         self.callbacks = list(callbacks or [])
         self.result: TrainResult | None = None  # set when the run ends
+        self.last_loss: float | None = None  # the training loss of the last step read from the device
         self.run_dir = Path(run_dir)
         device = pick_device(cfg.device)
         self.world: World = init_world(device.type)
@@ -183,31 +198,65 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
 
-    def _train_step(self, stream: Iterator, step: int) -> Step:
-        """One optimizer step over `accumulation` micro-batches (`step` 0-based)."""
+    def _train_step(self, stream: Iterator, step: int) -> _Pending:
+        """One optimizer step over `accumulation` micro-batches (`step` 0-based). Nothing here waits for the device."""
         cfg = self.cfg
         lr = learning_rate(step, cfg)
         set_learning_rate(self.optimizer, lr)
         total = torch.zeros((), device=self.device)
         samples = 0
-        rank, size = self.world.rank, self.world.size
         for micro in range(self.accumulation):
-            batch = next(stream)
+            batch = next(stream)  # this process's rows of the global micro-batch, already on the device
             self.state["data_position"] += 1
-            batch = to_device(_rows(batch, rank * cfg.micro_batch, (rank + 1) * cfg.micro_batch), self.device)
             with self.parallel.gradient_sync(micro == self.accumulation - 1), self.runtime.autocast():
                 loss = self.family.loss(self.train_model, batch, self.pad_id)[0]
                 (loss / self.accumulation).backward()
             total += loss.detach() / self.accumulation
-            samples += (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0] * size
+            samples += (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0] * self.world.size
         want_layers = cfg.grad_norm_every and (step + 1) % cfg.grad_norm_every == 0
         layers = layer_grad_norms(self.model, self.world if self.sharded else None) if want_layers else None
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return Step(step + 1, float(mean_across(total, self.world)), lr, grad_norm, samples, layers)
+        return _Pending(step + 1, lr, total, grad_norm.detach(), samples, layers)
+
+    def _read(self, pending: list[_Pending]) -> list[Step]:
+        """The steps' losses (averaged over processes) and gradient norms, read from the device in one transfer."""
+        losses = mean_across(torch.stack([p.loss for p in pending]), self.world)
+        norms = torch.stack([p.grad_norm.to(losses.device, losses.dtype) for p in pending])
+        values = torch.stack([losses, norms]).tolist()
+        return [Step(p.step, loss, p.lr, norm, p.samples, p.layer_grad_norms) for p, loss, norm in zip(pending, *values)]
+
+    def _must_read(self, step: int) -> bool:
+        """Whether step `step`'s numbers are read now: every step for callbacks, else the first (the divergence ceiling
+        is relative to its loss), the logged ones and the last."""
+        cfg = self.cfg
+        return bool(self.callbacks) or step == 1 or step % cfg.log_every == 0 or step == cfg.steps or bool(
+            cfg.grad_norm_every and step % cfg.grad_norm_every == 0)
+
+    def _catch_up(self, pending: list[_Pending], progress: Progress) -> Evaluation | None:
+        """Read the pending steps, in order: callbacks, the divergence rule, train records; the diverged Evaluation, if one
+        diverged (the run ends at that step)."""
+        if not pending:
+            return None
+        steps, done = self._read(pending), len(pending)
+        pending.clear()
+        for info in steps:
+            progress.count(info.samples)
+            if self.state["first_loss"] is None:
+                self.state["first_loss"] = info.loss
+            self.last_loss = info.loss
+            for callback in self.callbacks:
+                callback(self, info)
+            problem = divergence(self.recipe, info.step, info.loss, self.state["first_loss"])
+            if problem is not None:
+                return self._diverged(info.step, info.loss, problem)
+            if info.step % self.cfg.log_every == 0 or info.layer_grad_norms is not None or info.step == self.cfg.steps:
+                self.log.write(progress.train_record(info.step, info))
+        progress.bar.update(done)
+        return None
 
     def _checkpoint(self) -> Path | None:
         folder = None
@@ -253,27 +302,24 @@ class Trainer:
     def _iterate(self, stop: StopRequest) -> Iterator[Evaluation]:
         cfg = self.cfg
         self.model.train()
-        stream = self.data.train_batches(cfg.micro_batch * self.world.size, start=self.state["data_position"])
+        batches = self.data.train_batches(cfg.micro_batch * self.world.size, start=self.state["data_position"],
+                                          part=(self.world.rank, self.world.size))
+        stream = Feed(batches, self.device)  # made ahead in a thread, while the steps compute
         progress = Progress(cfg.steps, self.state["step"], unit=self.family.sample_unit, items_per_sample=self.family.samples_to_items(self.spec),
                             enabled=self.progress)
+        pending: list[_Pending] = []  # steps whose numbers are still on the device
         try:
             for step in range(self.state["step"] + 1, cfg.steps + 1):
-                info = self._take_step(stream, step)
-                progress.count(info.samples)
-                for callback in self.callbacks:
-                    callback(self, info)
-                problem = divergence(self.recipe, step, info.loss, self.state["first_loss"])
-                if problem is not None:
-                    yield self._diverged(step, info.loss, problem)
-                    return
-                if step % cfg.log_every == 0 or info.layer_grad_norms is not None or step == cfg.steps:
-                    self.log.write(progress.train_record(step, info))
-                progress.bar.update(1)
-                evaluate_now = step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
-                checkpoint_now = step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                pending.append(self._take_step(stream, step))
+                evaluate_now = step == cfg.steps or bool(cfg.eval_every and step % cfg.eval_every == 0)
+                checkpoint_now = step == cfg.steps or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                if self._must_read(step) or evaluate_now or checkpoint_now:
+                    if (diverged := self._catch_up(pending, progress)) is not None:
+                        yield diverged
+                        return
                 metrics = None
                 if evaluate_now:
-                    metrics = self._evaluate(step, info.loss)
+                    metrics = self._evaluate(step, self.last_loss)
                     progress.restart_clock()
                 folder = self._checkpoint() if checkpoint_now else None
                 if step == cfg.steps:
@@ -282,24 +328,26 @@ class Trainer:
                     yield Evaluation(step, metrics, folder, done=step == cfg.steps)
                 signum = agree_on_stop(stop.signum, self.world, self.device)  # every rank stops after the same step
                 if signum and step < cfg.steps:
+                    if (diverged := self._catch_up(pending, progress)) is not None:
+                        yield diverged
+                        return
                     progress.close()
-                    self._interrupt(step, signum, bool(checkpoint_now))
+                    self._interrupt(step, signum, checkpoint_now)
                     return
         finally:
+            stream.close()
             progress.close()
         if self.state["step"] >= cfg.steps and self.result is None:
             self.result = TrainResult(Status.COMPLETED, self.state["step"], self.state["metrics"], "already finished", self.run_dir)
 
-    def _take_step(self, stream: Iterator, step: int) -> Step:
+    def _take_step(self, stream: Iterator, step: int) -> _Pending:
         """Optimizer step `step` (1-based), timed, and the run's state after it."""
         started = time.perf_counter()
-        info = self._train_step(stream, step - 1)
+        pending = self._train_step(stream, step - 1)
         self.state["elapsed"] += time.perf_counter() - started
         self.state["step"] = step
-        self.state["samples"] += info.samples
-        if self.state["first_loss"] is None:
-            self.state["first_loss"] = info.loss
-        return info
+        self.state["samples"] += pending.samples
+        return pending
 
     def _diverged(self, step: int, loss: float, problem: str) -> Evaluation:
         """End the run at `step`, whose loss diverged: logged, result.json written; the last Evaluation it yields."""

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from blockforge.data.corpus import validation_score
-from blockforge.data.text import StreamingTextDataset, TextDataset
+from blockforge.data.prepared import PreparedTextDataset
+from blockforge.data.text import StreamingTextDataset
 from blockforge.errors import DataError
 
 
@@ -53,7 +54,7 @@ def test_stream_validation_is_fixed_and_never_trained_on(json_config, build_text
 def test_streamed_and_downloaded_datasets_agree(json_config, build_text, pack):
     streamed = build_text(json_config(streaming=True, pack=pack))
     downloaded = build_text(json_config(streaming=False, pack=pack))
-    assert isinstance(downloaded, TextDataset)
+    assert isinstance(downloaded, PreparedTextDataset)
     assert streamed.tokenizer.fingerprint == downloaded.tokenizer.fingerprint  # the BPE saw the same text
     assert [b.tolist() for b in streamed.val_batches(4)] == [b.tolist() for b in downloaded.val_batches(4)]
     assert streamed.unigram_perplexity() == pytest.approx(downloaded.unigram_perplexity())

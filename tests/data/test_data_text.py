@@ -32,18 +32,24 @@ def test_unigram_perplexity_matches_a_direct_computation():
     assert unigram_perplexity(train, val, vocab) == pytest.approx(math.exp(-(math.log(3 / 9) + math.log(1 / 9)) / 2))
 
 
+def split_tokens(rows) -> list[int]:
+    """Every token of a split of a packed set, in order."""
+    return [t for ids in rows.documents() for t in ids.tolist()]
+
+
 def test_dataset_unigram_perplexity_uses_train_counts_on_val_tokens(text_config, build_text, text_file):
     ds = build_text(text_config(source="text", path=str(text_file)))
-    counts = Counter(ds.train.tokens.tolist())
-    total, vocab = len(ds.train.tokens), ds.tokenizer.vocab_size
-    nll = [-math.log((counts[t] + 1) / (total + vocab)) for t in ds.val.tokens.tolist()]
+    train, val = split_tokens(ds.train), split_tokens(ds.val)
+    counts = Counter(train)
+    total, vocab = len(train), ds.tokenizer.vocab_size
+    nll = [-math.log((counts[t] + 1) / (total + vocab)) for t in val]
     assert ds.unigram_perplexity() == pytest.approx(math.exp(sum(nll) / len(nll)))
 
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_text_batches_resume_exactly(text_config, build_text, text_file, same_batches, pack):
     ds = build_text(text_config(source="text", path=str(text_file), pack=pack))
-    batches_per_epoch = len(ds.train_rows) // 4
+    batches_per_epoch = len(ds.train) // 4
     full = list(islice(ds.train_batches(4), 3 * batches_per_epoch))  # three epochs, each reshuffled
     k = batches_per_epoch + 2
     assert same_batches(list(islice(ds.train_batches(4, start=k), len(full) - k)), full[k:])
@@ -59,20 +65,24 @@ def test_validation_is_fixed_and_disjoint_from_training(text_config, build_text,
     ds = build_text(text_config(source="text", path=str(text_file), pack=False), seq_len=64)
     val = ds.val_batches(3)
     assert all(a.equal(b) for a, b in zip(val, ds.val_batches(3)))
-    assert sum(len(b) for b in val) == len(ds.val.lengths)  # one row per validation document
+    assert sum(len(b) for b in val) == len(ds.val) == ds.describe()["documents"]["val"]  # one row per validation document
     assert len(ds.val_batches(3, limit=1)) == 1
     decode = lambda row: ds.tokenizer.decode([t for t in row.tolist() if t != ds.pad_id])
     val_texts = {decode(row) for batch in val for row in batch}
-    train_texts = {decode(row) for row in ds.train_rows}
+    train_texts = {decode(row) for row in ds.train.rows(np.arange(len(ds.train)))}
     assert not val_texts & train_texts
 
 
-def test_unpacked_rows_are_padded_or_truncated_documents(text_config, build_text, text_file):
-    ds = build_text(text_config(source="text", path=str(text_file), pack=False), seq_len=64)
+def test_unpacked_rows_are_padded_or_truncated_documents(text_config, build_text, text_file, cache_dir):
+    from blockforge.data.corpus import load_corpus
+
+    cfg = text_config(source="text", path=str(text_file), pack=False)
+    ds = build_text(cfg, seq_len=64)
     assert ds.pad_id == ds.tokenizer.pad_id != ds.tokenizer.eos_id
-    documents = ds.train.documents()
-    assert len(ds.train_rows) == len(documents)
-    for row, ids in zip(ds.train_rows, documents):
+    documents = list(ds.tokenizer.encode_documents(load_corpus(cfg, cache_dir).train))  # the training documents, whole
+    rows = ds.train.rows(np.arange(len(ds.train)))
+    assert len(rows) == len(documents)
+    for row, ids in zip(rows, documents):
         assert ids[-1] == ds.tokenizer.eos_id
         if len(ids) <= 65:
             assert row[: len(ids)].tolist() == ids.tolist() and set(row[len(ids) :].tolist()) <= {ds.pad_id}
@@ -87,12 +97,13 @@ def test_tokens_are_cached_and_the_tokenizer_saved_with_the_run(
 ):
     cfg = text_config(source="text", path=str(text_file))
     first = build_text(cfg, run_dir=tmp_path / "run")
-    assert len(list((cache_dir / "tokens").glob("*/*.npy"))) == 4
-    from blockforge.data import text as text_module
+    assert len(list((cache_dir / "prepared" / "local").glob("*/manifest.json"))) == 1  # the corpus as a prepared set
+    from blockforge.data import prepare
 
-    monkeypatch.setattr(text_module, "tokenize", lambda *args: pytest.fail("tokens should come from the cache"))
+    monkeypatch.setattr(prepare, "run_part", lambda *args: pytest.fail("tokens should come from the cache"))
     second = build_text(cfg)
-    assert np.array_equal(first.train_rows, second.train_rows)
+    everything = np.arange(len(first.train))
+    assert np.array_equal(first.train.rows(everything), second.train.rows(everything))
     from blockforge.data import load_tokenizer
 
     assert load_tokenizer(tmp_path / "run" / "tokenizer").encode("a new text") == first.tokenizer.encode("a new text")
@@ -163,6 +174,6 @@ def test_unused_tokenizer_ids_beyond_the_model_vocabulary_are_allowed(
 ):
     cfg = text_config(source="text", path=str(text_file), tokenizer=TokenizerConfig(hf=hf_tokenizer_with_unused_tokens))
     ds = build_text(cfg, vocab=300)
-    assert ds.tokenizer.vocab_size == 320 and int(ds.train_rows.max()) < 300
+    assert ds.tokenizer.vocab_size == 320 and int(ds.train.rows(np.arange(len(ds.train))).max()) < 300
     with pytest.raises(DataError, match=r"data.tokenizer: .* produced token id \d+ \(vocabulary 320\) but model.vocab is 200"):
         build_text(cfg, vocab=200)

@@ -134,7 +134,7 @@ def test_hostile_search_input_is_one_sentence_before_any_trial(tmp_path, capsys,
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from blockforge.train.lock import RunLock
+from blockforge.lock import RunLock
 RunLock(Path(sys.argv[1]), "search.lock", "running a search in it").acquire()
 print("held", flush=True)
 time.sleep(60)

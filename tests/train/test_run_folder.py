@@ -17,7 +17,7 @@ import blockforge
 from blockforge.cli import main
 from blockforge.io import atomic_write
 from blockforge.spec import load_recipe
-from blockforge.train.lock import RunLock
+from blockforge.lock import RunLock
 from blockforge.train.loop import Trainer
 from blockforge.train.signals import StopRequest
 
@@ -28,7 +28,7 @@ def leftovers(folder: Path) -> list[Path]:
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """Another live process owning `folder`."""
-    code = f"import time; from blockforge.train.lock import RunLock; RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(600)"
+    code = f"import time; from blockforge.lock import RunLock; RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder

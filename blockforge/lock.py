@@ -1,4 +1,5 @@
-"""One owner per run folder: `run.lock`, held by the training process (the main rank) while it trains.
+"""One owner per folder: a run folder's `run.lock` (held by the training process, the main rank, while it trains), and
+the same lock under other names for a search folder, a prepared set being written, or a node's cached copy of one.
 
 The lock is an exclusive flock on the file, so the kernel releases it when its owner dies, however it
 dies; the file also says who owns it (pid, host), for the sentence that refuses a second `train`. A lock
@@ -58,7 +59,18 @@ class RunLock:
         raise FolderInUseError(f"{self.path.parent}: is in use by {who}, which is {self.doing}; wait for it to end, "
                                f"or choose another --out (if that process is gone, delete {self.path})")
 
-    def acquire(self) -> "RunLock":
+    def acquire(self, wait_s: float = 0.0) -> "RunLock":
+        """Take the lock, or refuse naming its owner; with `wait_s`, wait up to that long for the owner to let go first."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._acquire()
+            except FolderInUseError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _acquire(self) -> "RunLock":
         if self.held:
             return self
         key = self.path.resolve()

@@ -1,0 +1,814 @@
+"""Preparation: a recipe's text tokenized once, in parts that run in parallel, into a prepared set (prepared.py).
+
+The work is cut into parts. A finite source (builtin, text, a downloaded hf set) is loaded whole and cut into
+chunks of documents; a stream (hf with `data.streaming`) into its own shards (its files), taken in their order.
+One worker tokenizes a part, in this process or as a Ray task anywhere on a cluster, writes its shard files into
+the set's folder, then a record of them (parts/NAME.json): an interrupted preparation resumes by part. When every
+part it needs is done, the manifest is written, last: only then is the folder a set.
+
+A stream has no end, so a request says how many training tokens to take (tokens of rows: each row gives context
+targets). Its parts are taken in order until they hold that many; the last one is cut at a document. The set fixes
+that order (the stream's files in order, documents in file order), which is not the order of a shuffled stream. A
+stream that ends first is one sentence saying how much it held. A finite source is prepared whole (it repeats in
+epochs as it trains). Validation: a finite source's whole hold-out; a stream's first VAL_TOKENS tokens (its
+validation split, or the hash hold-out of what was read for training).
+
+One preparation writes a folder at a time: a local folder holds an flock (prepare.lock), a storage a lease
+(prepare.lease) renewed while the work goes on and checked before the manifest is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from blockforge.data.prepared import (FORMAT, MANIFEST, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, data_settings,
+                                      recipe_layout, set_key, sha256_file)
+from blockforge.errors import BlockforgeError, DataError, FolderInUseError
+from blockforge.io import writes_into
+from blockforge.spec.data import DataConfig
+from blockforge.storage import Storage, cache_root
+
+PART_CHARS = 256 * 2**20  # text per part of a finite source (~60M tokens)
+ENCODE_DOCUMENTS = 256  # documents per call into the tokenizer
+STARTED = "preparing.json"  # what a preparation in progress is for (a resumed one must be for the same)
+PARTS = "parts"
+LOCK = "prepare.lock"
+LEASE = "prepare.lease"
+LEASE_RENEW_S = 30.0
+LEASE_STALE_S = 180.0  # a lease not renewed for this long was left by a preparation that is gone
+
+
+# ---- what to prepare ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """A set to prepare: a recipe's data settings, the row layout, and for a stream how many training tokens."""
+
+    data: DataConfig
+    layout: Layout
+    vocab: int | None = None  # model.vocab: every id must fit it
+    tokens: int | None = None  # a stream's training tokens (of rows); None for a finite source
+
+    @property
+    def streamed(self) -> bool:
+        return self.data.source == "hf" and self.data.streaming
+
+    @property
+    def key(self) -> str:
+        return set_key(self.data, self.layout)
+
+    @property
+    def fingerprint(self) -> str:
+        from blockforge.spec.strict import stable_hash
+
+        return stable_hash({"key": self.key, "tokens": self.tokens})
+
+    def needed_units(self) -> int:
+        """What the training split must hold: tokens (packed) or documents (one row each) for `tokens` training tokens."""
+        rows = self.layout.rows_for(self.tokens)
+        return rows * self.layout.context + 1 if self.layout.pack else rows
+
+
+def request_for(recipe, tokens: int | None = None) -> Request:
+    """The request for `recipe`'s data; `tokens` (a stream's budget) is refused for a finite source and needed for a stream."""
+    data = replace(recipe.data, prepared=None)
+    request = Request(data, recipe_layout(recipe), recipe.spec.vocab, tokens)
+    if data.kind != "text":
+        raise BlockforgeError(f"data.source: {data.source} is images; only text is prepared (image sets are read as they are)")
+    if request.streamed and tokens is None:
+        raise BlockforgeError("--tokens: the recipe streams data.dataset, and a stream has no end; say how many training tokens "
+                              "to take (--tokens N), or prepare a search file, whose plan says it")
+    if not request.streamed and tokens is not None:
+        raise BlockforgeError(f"--tokens: data.source {data.source} is finite and is prepared whole (it repeats in epochs as it "
+                              "trains); leave --tokens out")
+    if tokens is not None and tokens < 1:
+        raise BlockforgeError(f"--tokens must be at least 1, not {tokens}")
+    return request
+
+
+# ---- where the work runs -----------------------------------------------------------------------------
+
+
+class _Ran:
+    """A part run in this process: its record, or the error it raised (raised where it is waited for)."""
+
+    def __init__(self, fn: Callable, args: tuple):
+        self.value, self.error = None, None
+        try:
+            self.value = fn(*args)
+        except Exception as err:
+            self.error = err
+
+
+class InProcess:
+    """Parts run one after another in this process (the tokenizer itself uses the machine's cores)."""
+
+    slots = 1
+
+    def submit(self, fn: Callable, *args) -> _Ran:
+        return _Ran(fn, args)
+
+    def wait(self, handles: list[_Ran]) -> tuple[_Ran, Any]:
+        handle = handles[0]
+        if handle.error is not None:
+            raise handle.error
+        return handle, handle.value
+
+    def cancel(self, handles: list) -> None:
+        pass
+
+
+class RayWorkers:
+    """Parts run as Ray tasks on the connected cluster (one CPU each), as many at once as `slots`."""
+
+    def __init__(self, slots: int | None = None):
+        import ray
+
+        self.ray = ray
+        self.slots = slots or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote: dict[Callable, Any] = {}
+
+    def submit(self, fn: Callable, *args) -> Any:
+        if fn not in self._remote:
+            self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=2)(fn)  # a node lost mid-part: the part runs again
+        return self._remote[fn].remote(*args)
+
+    def wait(self, handles: list) -> tuple[Any, Any]:
+        done, _ = self.ray.wait(handles, num_returns=1)
+        try:
+            return done[0], self.ray.get(done[0])
+        except self.ray.exceptions.RayTaskError as err:
+            cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else None
+            if isinstance(cause, BlockforgeError):
+                raise cause from None
+            raise
+
+    def cancel(self, handles: list) -> None:
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(handle, force=True)
+
+
+# ---- one part: tokenize, write the shards, then the record ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One unit of work: a chunk of a finite source's documents (kind 'train'/'val'), or one shard of a stream
+    ('stream': the training stream, whose hash hold-out also gives validation; 'valstream': the validation split)."""
+
+    kind: str
+    index: int
+    split: str | None = None  # a stream's dataset split
+    shard: int = 0
+    shards: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index:06d}"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return {"train": ("train",), "val": ("val",), "stream": ("train", "val"), "valstream": ("val",)}[self.kind]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every part of one preparation shares (sent to each worker)."""
+
+    out: str  # the set's storage (a local folder or a URI)
+    data: DataConfig
+    layout: Layout
+    tokenizer_files: dict[str, bytes]
+    tokenizer_fingerprint: str
+    caps: dict[str, int] = field(default_factory=dict)  # output split -> units a part writes at most (streams)
+    hold_out: bool = False  # a stream's validation is its hash hold-out
+    one_core: bool = False  # a task of a cluster: the tokenizer keeps to its one core (the parts give the parallelism)
+
+
+_TOKENIZERS: dict[str, Any] = {}  # fingerprint -> Tokenizer, per worker process
+
+
+def _job_tokenizer(job: Job):
+    if job.tokenizer_fingerprint not in _TOKENIZERS:
+        from blockforge.data.tokenizer import load_tokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in job.tokenizer_files.items():
+                (Path(tmp) / name).write_bytes(data)
+            _TOKENIZERS[job.tokenizer_fingerprint] = load_tokenizer(tmp)
+    return _TOKENIZERS[job.tokenizer_fingerprint]
+
+
+class ShardWriter:
+    """One output shard of a part: ids appended document by document into a staging file, offsets and counts kept."""
+
+    def __init__(self, staging: Path, name: str, dtype: np.dtype, layout: Layout, vocab_size: int, cap: int | None, by_documents: bool):
+        self.name, self.dtype, self.layout, self.cap, self.by_documents = name, dtype, layout, cap, by_documents
+        self.path = staging / f"{name.replace('/', '-')}.bin"
+        self.file = open(self.path, "wb")
+        self.offsets = [0]
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+        self.source_tokens, self.max_id = 0, -1
+
+    @property
+    def units(self) -> int:
+        """What the cap counts: documents (a training split of document rows), else tokens as stored."""
+        return len(self.offsets) - 1 if self.by_documents else self.offsets[-1]
+
+    @property
+    def full(self) -> bool:
+        return self.cap is not None and self.units >= self.cap
+
+    def add(self, ids: np.ndarray) -> None:
+        self.counts += np.bincount(ids, minlength=len(self.counts))[: len(self.counts)]
+        self.source_tokens += len(ids)
+        self.max_id = max(self.max_id, int(ids.max()))
+        kept = ids if self.layout.pack else ids[: self.layout.context + 1]  # a document row keeps context + 1 tokens
+        kept.astype(self.dtype, copy=False).tofile(self.file)
+        self.offsets.append(self.offsets[-1] + len(kept))
+
+    def close(self) -> dict[str, Any]:
+        self.file.close()
+        index = self.path.with_suffix(".idx")
+        np.asarray(self.offsets, dtype=np.int64).tofile(index)
+        files = {kind: {"bytes": path.stat().st_size, "sha256": sha256_file(path)} for kind, path in (("bin", self.path), ("idx", index))}
+        return {"shard": self.name, "documents": len(self.offsets) - 1, "tokens": self.offsets[-1], "source_tokens": self.source_tokens,
+                "max_id": self.max_id, "files": files}
+
+
+def run_part(part: Part, job: Job, texts: list[str] | None = None) -> dict[str, Any]:
+    """Tokenize one part and put its shard files, counts and record into the set's folder; returns the record."""
+    storage = Storage.open(job.out)
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    if job.one_core:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    staging = _staging(storage)
+    try:
+        tokenizer = _job_tokenizer(job)
+        with writes_into(staging, f"part {part.name} of the prepared set",
+                         "free space there (or set BLOCKFORGE_CACHE elsewhere); the preparation continues where it stopped"):
+            writers = {split: ShardWriter(staging, f"{split}/{part.index:06d}", np.dtype(_dtype(tokenizer.vocab_size)), job.layout,
+                                          tokenizer.vocab_size, job.caps.get(split), by_documents(split, job.layout))
+                       for split in part.outputs}
+            ended = _fill(part, job, tokenizer, writers, texts)
+            outputs = {split: writer.close() for split, writer in writers.items()}
+        record = {"part": part.name, "ended": ended, "outputs": {}}
+        for split, output in outputs.items():
+            if output["documents"] == 0:
+                continue  # nothing of this split in the part (a shard without held-out documents)
+            for kind in ("bin", "idx"):
+                put_file(storage, staging / f"{output['shard'].replace('/', '-')}.{kind}", f"{output['shard']}.{kind}")
+            counts = f"{PARTS}/{part.name}.{split}.counts.npy"
+            buffer = io.BytesIO()
+            np.save(buffer, writers[split].counts)
+            storage.write_bytes(counts, buffer.getvalue())
+            record["outputs"][split] = {**output, "counts": counts}
+        storage.write_bytes(f"{PARTS}/{part.name}.json", json.dumps(record).encode())  # last: the part is done
+        return record
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def by_documents(split: str, layout: Layout) -> bool:
+    """Whether a split's budget counts documents (training rows of one document each) rather than tokens."""
+    return split == "train" and not layout.pack
+
+
+def _dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def _staging(storage: Storage) -> Path:
+    """A private folder to write a part's files before they are put in place: inside a local set (renamed into place)
+    or in this node's cache (put up to a storage)."""
+    base = Path(storage.uri) if storage.local else cache_root() / "scratch" / "prepare"
+    path = base / f".staging-{uuid.uuid4().hex[:12]}"
+    with writes_into(base, "a staging folder of the prepared set", "free space there"):
+        path.mkdir(parents=True)
+    return path
+
+
+def put_file(storage: Storage, local: Path, rel: str) -> None:
+    """Put a whole file into the storage: renamed into a local set, put up whole to a remote one (an object appears
+    only once complete), never half there."""
+    if storage.local:
+        target = Path(storage.path(rel))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(local, target)
+        except OSError:  # another filesystem
+            from blockforge.io import atomic_write
+
+            atomic_write(target, lambda tmp: shutil.copyfile(local, tmp))
+        return
+    storage.upload(local, rel)
+
+
+def _fill(part: Part, job: Job, tokenizer, writers: dict[str, ShardWriter], texts: list[str] | None) -> bool:
+    """Encode the part's documents into its writers until it ends or they are full; True if the part was read to its end."""
+    from blockforge.data.corpus import validation_score
+
+    if texts is None:
+        texts = _stream_texts(part, job)
+    documents = iter(texts)
+    while chunk := list(itertools.islice(documents, ENCODE_DOCUMENTS)):
+        if job.hold_out and part.kind == "stream":
+            groups = {"train": [t for t in chunk if validation_score(t) >= job.data.val_fraction],
+                      "val": [t for t in chunk if validation_score(t) < job.data.val_fraction]}
+        else:
+            groups = {part.outputs[0]: chunk}
+        for split, group in groups.items():
+            writer = writers[split]
+            if writer.full or not group:
+                continue
+            for ids in tokenizer.encode_documents(group):
+                writer.add(ids)
+                if writer.full:
+                    break
+        if writers[part.outputs[0]].full:  # the training side decides when a stream's part has given enough
+            return False
+    return True
+
+
+def _stream_texts(part: Part, job: Job) -> Iterator[str]:
+    from blockforge.data.corpus import hf_texts, open_hf_split
+
+    stream = open_hf_split(job.data, part.split, streaming=True)
+    if part.shards > 1:
+        stream = stream.shard(num_shards=part.shards, index=part.shard)
+    return hf_texts(stream, job.data)
+
+
+# ---- one preparation at a time ------------------------------------------------------------------------
+
+
+class Lease:
+    """The claim of one preparation on a folder of a storage (which has no flock): an object naming its holder, renewed
+    while it works; another preparation finding a fresh one is refused, a stale one (its holder gone) is taken over."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        return {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": time.time()}
+
+    def _read(self) -> dict | None:
+        data = self.storage.read_bytes(LEASE)
+        try:
+            record = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def take(self) -> "Lease":
+        held = self._read()
+        if held and held.get("token") != self.token and time.time() - float(held.get("renewed", 0)) < LEASE_STALE_S:
+            raise FolderInUseError(self._refusal(held))
+        self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
+        time.sleep(0.5)  # two that started together: the one whose lease stands goes on
+        self.check()
+        self._thread = threading.Thread(target=self._renew, name="prepare-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _refusal(self, held: dict) -> str:
+        age = time.time() - float(held.get("renewed", 0))
+        return (f"{self.storage}: a data set is being prepared into it by process {held.get('pid', '?')} on {held.get('host', '?')} "
+                f"(its lease was renewed {age:.0f} s ago); wait for it to end, or choose another --out")
+
+    def check(self) -> None:
+        held = self._read()
+        if not held or held.get("token") != self.token:
+            raise FolderInUseError(self._refusal(held or {}))
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            with contextlib.suppress(Exception):  # a storage gone for a moment: the next renewal tries again
+                self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            held = self._read()
+            if held and held.get("token") == self.token:
+                self.storage.delete(LEASE)
+
+
+@contextlib.contextmanager
+def owning(storage: Storage, wait_s: float = 0.0) -> Iterator[Callable[[], None]]:
+    """Hold the set's folder for one preparation; yields a check to make before publishing."""
+    if storage.local:
+        from blockforge.lock import RunLock
+
+        folder = Path(storage.uri)
+        with writes_into(folder, "the prepared set", "choose another --out"):
+            folder.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(folder, LOCK, "preparing a data set in it").acquire(wait_s=wait_s)
+        try:
+            yield lambda: None
+        finally:
+            lock.release()
+        return
+    lease = Lease(storage)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lease.take()
+            break
+        except FolderInUseError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(2.0)
+    try:
+        yield lease.check
+    finally:
+        lease.release()
+
+
+# ---- the whole preparation ------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    manifest: Manifest
+    reused: bool  # the folder held this set already
+    parts_done: int = 0  # parts that ran now
+    parts_resumed: int = 0  # parts an earlier, interrupted preparation had finished
+    seconds: float = 0.0
+
+
+def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | RayWorkers | None = None, progress: bool = True,
+            corpus=None, tokenizer=None, wait_s: float = 0.0, say: Callable[[str], None] | None = None) -> Outcome:
+    """Prepare `request` into `out` (a local folder or a URI): every part not yet done, then the manifest.
+
+    `corpus` and `tokenizer` (a finite source already loaded, its tokenizer already built) save loading them again.
+    `wait_s`: how long to wait for another preparation of the same folder (the node's token cache) instead of refusing."""
+    started = time.perf_counter()
+    storage = Storage.open(out)
+    if not storage.local:
+        storage.check()
+    workers = workers or InProcess()
+    with owning(storage, wait_s) as still_ours:
+        done = _existing(storage, request)
+        if done is not None:
+            return Outcome(done, reused=True)
+        _start(storage, request)
+        tokenizer, files = _tokenizer(storage, request, corpus, tokenizer, say)
+        job = Job(str(storage), request.data, request.layout, files, tokenizer.fingerprint,
+                  hold_out=request.streamed and request.data.val_split is None, one_core=isinstance(workers, RayWorkers))
+        records = _records(storage)
+        resumed = len(records)
+        if request.streamed:
+            used, info = _run_stream(storage, request, job, workers, records, progress)
+        else:
+            corpus = corpus if corpus is not None else _load_corpus(request.data)
+            used, info = _run_finite(corpus, job, workers, records, progress)
+        manifest = _assemble(storage, request, tokenizer, used, info)
+        still_ours()
+        storage.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())  # last: from now on the folder is a set
+        _clean(storage, used)
+        return Outcome(Manifest.parse(manifest, str(storage)), reused=False, parts_done=len(records) - resumed,
+                       parts_resumed=resumed, seconds=time.perf_counter() - started)
+
+
+def _existing(storage: Storage, request: Request) -> Manifest | None:
+    """The set the folder holds, if it is this request's; a set of anything else is refused."""
+    data = storage.read_bytes(MANIFEST)
+    if data is None:
+        return None
+    try:
+        manifest = Manifest.parse(json.loads(data), str(storage))
+    except (ValueError, DataError):
+        raise BlockforgeError(f"{storage}/{MANIFEST}: is not the manifest of a prepared set; choose another --out, or remove "
+                              "the folder to prepare into it") from None
+    if manifest.fingerprint != request.fingerprint:
+        raise BlockforgeError(f"{storage}: holds a prepared set of other data or another budget (fingerprint {manifest.fingerprint}, "
+                              f"this one is {request.fingerprint}); choose another --out")
+    return manifest
+
+
+def _start(storage: Storage, request: Request) -> None:
+    """Record what this folder is being prepared for, or check that an interrupted preparation there was for the same."""
+    said = storage.read_bytes(STARTED)
+    if said is not None:
+        try:
+            fingerprint = json.loads(said).get("fingerprint")
+        except (ValueError, AttributeError):
+            fingerprint = None
+        if fingerprint != request.fingerprint:
+            raise BlockforgeError(f"{storage}: holds an unfinished preparation of other data or another budget; choose another "
+                                  f"--out, or remove the folder to start over there")
+        return
+    others = [name for name in storage.listing() if name not in (LOCK, LEASE) and not name.startswith(".staging-")]
+    if others:
+        raise BlockforgeError(f"{storage}: is not empty and holds no prepared set (it has {others[0]}); give an empty or new --out")
+    storage.write_bytes(STARTED, json.dumps({
+        "fingerprint": request.fingerprint, "data": data_settings(request.data), "layout": request.layout.to_plain(),
+        "tokens": request.tokens, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }, indent=1).encode())
+
+
+def _load_corpus(data: DataConfig):
+    from blockforge.data.corpus import load_corpus
+
+    return load_corpus(data, cache_root())
+
+
+def _tokenizer(storage: Storage, request: Request, corpus, tokenizer, say) -> tuple[Any, dict[str, bytes]]:
+    """The set's tokenizer and its files: the one an earlier attempt saved into the folder, else the one given or built
+    (a BPE trained once, on the start of the training text), saved there now."""
+    from blockforge.data.tokenizer import build_tokenizer, load_tokenizer
+
+    started = json.loads(storage.read_bytes(STARTED))
+    saved = {name: storage.read_bytes(f"{TOKENIZER}/{name}") for name in storage.listing(TOKENIZER)}
+    if saved and started.get("tokenizer_fingerprint"):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in saved.items():
+                (Path(tmp) / name).write_bytes(data)
+            loaded = load_tokenizer(tmp)
+        if loaded.fingerprint == started["tokenizer_fingerprint"]:
+            loaded.name = started.get("tokenizer_name", loaded.name)
+            return loaded, saved
+    cfg = request.data
+    if tokenizer is None:
+        if cfg.tokenizer.bpe is not None and say is not None:
+            say(f"training the BPE tokenizer ({cfg.tokenizer.bpe} tokens) on the first {cfg.bpe_train_chars:,} characters of the training text")
+        if request.streamed:
+            texts = _stream_training_texts(cfg)
+        else:
+            corpus = corpus if corpus is not None else _load_corpus(cfg)
+            texts = corpus.train
+        tokenizer = build_tokenizer(cfg.tokenizer, texts, max_chars=cfg.bpe_train_chars, cache_dir=cache_root(), vocab=request.vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
+    storage.delete(TOKENIZER)
+    for name, data in files.items():
+        storage.write_bytes(f"{TOKENIZER}/{name}", data)
+    storage.write_bytes(STARTED, json.dumps({**started, "tokenizer_name": tokenizer.name,
+                                             "tokenizer_fingerprint": tokenizer.fingerprint}, indent=1).encode())
+    return tokenizer, files
+
+
+def _stream_training_texts(cfg: DataConfig) -> Iterator[str]:
+    """The training stream's texts in its own order, its hash hold-out left out (what a BPE trains on)."""
+    from blockforge.data.corpus import hf_texts, open_hf_split, validation_score
+
+    texts = hf_texts(open_hf_split(cfg, cfg.split, streaming=True), cfg)
+    if cfg.val_split is not None:
+        return texts
+    return (text for text in texts if validation_score(text) >= cfg.val_fraction)
+
+
+def _records(storage: Storage) -> dict[str, dict]:
+    """The records of parts done, whose shard files are all there at their size."""
+    listing = storage.listing()
+    records = {}
+    for name in listing:
+        if not (name.startswith(f"{PARTS}/") and name.endswith(".json")):
+            continue
+        try:
+            record = json.loads(storage.read_bytes(name))
+            whole = all(listing.get(f"{o['shard']}.{kind}", (None,))[0] == o["files"][kind]["bytes"]
+                        for o in record["outputs"].values() for kind in ("bin", "idx"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a record this preparation can use: its part runs again
+        if whole:
+            records[record["part"]] = record
+    return records
+
+
+def _progress(total: int, unit: str, enabled: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit=unit, unit_scale=True, disable=not enabled, desc=desc, dynamic_ncols=True, leave=False)
+
+
+def _run_finite(corpus, job: Job, workers, records: dict, progress: bool) -> tuple[dict[str, list[dict]], dict]:
+    """Every part of a finite source (its documents in chunks), run where not done."""
+    parts: list[tuple[Part, list[str]]] = []
+    for split, texts in (("train", corpus.train), ("val", corpus.val)):
+        for index, chunk in enumerate(_chunks(texts, PART_CHARS)):
+            parts.append((Part(split, index), chunk))
+    todo = [(part, texts) for part, texts in parts if part.name not in records]
+    bar = _progress(len(parts), "part", progress, "preparing")
+    bar.update(len(parts) - len(todo))
+    pending: dict[Any, Part] = {}
+    try:
+        while todo or pending:
+            while todo and len(pending) < workers.slots:
+                part, texts = todo.pop(0)
+                pending[workers.submit(run_part, part, job, _shared(workers, texts))] = part
+            handle, record = workers.wait(list(pending))
+            records[pending.pop(handle).name] = record
+            bar.update(1)
+    except BaseException:
+        workers.cancel(list(pending))
+        raise
+    finally:
+        bar.close()
+    used = {split: [records[p.name] for p, _ in parts if p.kind == split] for split in ("train", "val")}
+    info = {**corpus.info, "documents": {"train": len(corpus.train), "val": len(corpus.val)}, "corpus": corpus.content_hash()}
+    return used, info
+
+
+def _shared(workers, texts: list[str]):
+    if isinstance(workers, RayWorkers):
+        return workers.ray.put(texts)
+    return texts
+
+
+def _chunks(texts: list[str], chars: int) -> Iterator[list[str]]:
+    chunk, size = [], 0
+    for text in texts:
+        if chunk and size + len(text) > chars:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(text)
+        size += len(text)
+    if chunk:
+        yield chunk
+
+
+def _run_stream(storage: Storage, request: Request, job: Job, workers, records: dict, progress: bool) -> tuple[dict[str, list[dict]], dict]:
+    """A stream's parts in order until the training split holds what the request needs (and validation VAL_TOKENS)."""
+    from blockforge.data.corpus import open_hf_split
+
+    cfg = request.data
+    train_shards = open_hf_split(cfg, cfg.split, streaming=True).num_shards
+    needed = request.needed_units()
+    unit = "tok" if request.layout.pack else "doc"
+    job = replace(job, caps={"train": needed, "val": VAL_TOKENS})
+    used = {}
+    if cfg.val_split is not None:
+        val_shards = open_hf_split(cfg, cfg.val_split, streaming=True).num_shards
+        parts = [Part("valstream", i, cfg.val_split, i, val_shards) for i in range(val_shards)]
+        used["val"] = _ordered(parts, "val", VAL_TOKENS, job, workers, records, progress, "tok", enough_if_ended=True)
+    parts = [Part("stream", i, cfg.split, i, train_shards) for i in range(train_shards)]
+    used["train"] = _ordered(parts, "train", needed, job, workers, records, progress, unit, enough_if_ended=False, request=request)
+    if cfg.val_split is None:
+        used["val"] = [r for r in used["train"] if "val" in r["outputs"]]
+    info = {"source": "hf", "dataset": cfg.dataset, "name": cfg.name, "split": cfg.split, "val_split": cfg.val_split, "streaming": True,
+            "order": "the stream's shards in order, documents in their order (not a shuffled stream's order)"}
+    return used, info
+
+
+def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, records: dict, progress: bool, unit: str, *,
+             enough_if_ended: bool, request: Request | None = None) -> list[dict]:
+    """Run `parts` in order, up to workers.slots at once, until the finished ones, in order, hold `needed` units of
+    `split`; returns the records of those parts. A part is started only while the parts done and running may fall
+    short (judged by the parts done so far), and parts running once enough is held are stopped."""
+    def units(record: dict) -> int:
+        out = record["outputs"].get(split)
+        return 0 if out is None else (out["documents"] if unit == "doc" else out["tokens"])
+
+    def prefix() -> tuple[int, list[dict]]:
+        held, taken = 0, []
+        for part in parts:
+            record = records.get(part.name)
+            if record is None or held >= needed:
+                break
+            taken.append(record)
+            held += units(record)
+        return held, taken
+
+    bar = _progress(needed, unit, progress, f"preparing {split}")
+    pending: dict[Any, Part] = {}
+    upcoming = [part for part in parts if part.name not in records]
+    try:
+        while True:
+            held, taken = prefix()
+            bar.n = min(held, needed)
+            bar.refresh()
+            if held >= needed or len(taken) == len(parts):
+                break
+            done = [units(records[p.name]) for p in parts if p.name in records]
+            mean = sum(done) / len(done) if done else 0.0
+            while upcoming and len(pending) < workers.slots and (not pending or not done or sum(done) + len(pending) * mean < needed):
+                part = upcoming.pop(0)
+                pending[workers.submit(run_part, part, job)] = part
+            if not pending:
+                break
+            handle, record = workers.wait(list(pending))
+            records[pending.pop(handle).name] = record
+    finally:
+        workers.cancel(list(pending))
+        bar.close()
+    held, taken = prefix()
+    if held < needed and not enough_if_ended:
+        tokens = sum(r["outputs"]["train"]["tokens"] for r in taken if "train" in r["outputs"])
+        rows = job.layout.rows(tokens, sum(r["outputs"]["train"]["documents"] for r in taken if "train" in r["outputs"]))
+        cfg = job.data
+        raise DataError(f"data.dataset: the stream {cfg.dataset!r} (split {cfg.split!r}) ended after {tokens:,} tokens, "
+                        f"{rows:,} rows of model.context {job.layout.context} ({rows * job.layout.context:,} training tokens), fewer "
+                        f"than the {request.tokens:,} asked for; ask for at most {rows * job.layout.context:,} (--tokens), or give "
+                        "a larger source")
+    return taken
+
+
+def _cut(storage: Storage, output: dict, wanted: int, documents_count: bool) -> tuple[int, int]:
+    """(documents, tokens) of a shard's first documents that hold `wanted` documents (documents_count) or tokens, ending
+    at a document."""
+    offsets = np.frombuffer(storage.read_bytes(f"{output['shard']}.idx"), dtype=np.int64)
+    if documents_count:
+        documents = min(wanted, output["documents"])
+    else:
+        documents = max(1, min(int(np.searchsorted(offsets, wanted, side="left")), output["documents"]))
+    return documents, int(offsets[documents])
+
+
+def _assemble(storage: Storage, request: Request, tokenizer, used: dict[str, list[dict]], info: dict) -> dict:
+    """The manifest of the parts used: each split's shards in order (a stream's last one cut at a document)."""
+    layout = request.layout
+    budgets = {"train": request.needed_units() if request.streamed else None, "val": VAL_TOKENS if request.streamed else None}
+    splits, counts, max_id = {}, {}, -1
+    for split in ("train", "val"):
+        shards, left = [], budgets[split]
+        total_counts = None
+        for record in used[split]:
+            output = record["outputs"].get(split)
+            if output is None or (left is not None and left <= 0):
+                continue
+            documents, tokens = output["documents"], output["tokens"]
+            count_documents = by_documents(split, layout)
+            units = documents if count_documents else tokens
+            if left is not None and units > left:
+                documents, tokens = _cut(storage, output, left, count_documents)
+                units = documents if count_documents else tokens
+            if left is not None:
+                left -= units
+            shards.append({"name": output["shard"], "documents": documents, "tokens": tokens, "files": output["files"]})
+            part_counts = np.load(io.BytesIO(storage.read_bytes(output["counts"])))
+            total_counts = part_counts if total_counts is None else total_counts + part_counts
+            max_id = max(max_id, output["max_id"])
+        exact = not request.streamed
+        splits[split] = {
+            "shards": shards,
+            "documents": sum(s["documents"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards),
+            "source_tokens": sum(r["outputs"][split]["source_tokens"] for r in used[split] if split in r["outputs"]) if exact
+            else sum(s["tokens"] for s in shards),
+        }
+        counts[split] = total_counts
+    if request.vocab is not None and max_id >= request.vocab:
+        raise DataError(f"data.tokenizer: {tokenizer.name} produced token id {max_id} (vocabulary {tokenizer.vocab_size}) but "
+                        f"model.vocab is {request.vocab}; raise model.vocab to at least {max_id + 1} or choose a smaller tokenizer "
+                        "(the parts prepared so far are kept)")
+    unigram = None
+    if counts["train"] is not None and counts["val"] is not None and counts["val"].sum() > 0:
+        unigram = unigram_from_counts(counts["train"], counts["val"])
+    from blockforge import __version__
+
+    return {
+        "kind": "blockforge prepared set", "format": FORMAT, "fingerprint": request.fingerprint, "key": request.key,
+        "data": data_settings(request.data), "layout": layout.to_plain(),
+        "tokenizer": {"name": tokenizer.name, "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+                      "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
+        "dtype": _dtype(tokenizer.vocab_size), "max_token_id": max_id, "requested_tokens": request.tokens,
+        "splits": splits, "unigram_val_ppl": unigram, "info": info,
+        "unigram_counts": "every part used, whole" if request.streamed else "the whole training split",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "blockforge": __version__,
+    }
+
+
+def unigram_from_counts(train: np.ndarray, val: np.ndarray) -> float:
+    """text.unigram_perplexity from token counts: add-one smoothed training frequencies, perplexity on validation."""
+    vocab = len(train)
+    log_probs = np.log(train.astype(np.float64) + 1.0) - np.log(train.sum() + vocab)
+    return float(np.exp(-(val.astype(np.float64) @ log_probs) / val.sum()))
+
+
+def _clean(storage: Storage, used: dict[str, list[dict]]) -> None:
+    """Remove the shard files of parts the set does not use (a stream's parts beyond the last one needed)."""
+    keep = {f"{r['outputs'][s]['shard']}.{kind}" for s, records in used.items() for r in records if s in r["outputs"] for kind in ("bin", "idx")}
+    for name in storage.listing():
+        top = name.split("/", 1)[0]
+        if top in ("train", "val") and name not in keep:
+            with contextlib.suppress(BlockforgeError):
+                storage.delete(name)

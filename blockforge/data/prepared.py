@@ -1,0 +1,589 @@
+"""Prepared sets: a recipe's text tokenized once into memory-mappable shards, and the one reader of token rows.
+
+A prepared set is a folder, local or in a storage named by a URI (blockforge.storage):
+
+    manifest.json          what the set holds and how it was made; written last, so a folder without it is no set
+    tokenizer/             the tokenizer that made the ids (a trained BPE is trained once, and kept here)
+    train/000000.bin       token ids (uint16 where the vocabulary fits, else uint32): documents one after another,
+                           each followed by the end-of-document id
+    train/000000.idx       int64 offsets of the documents in that shard (documents + 1 of them, from 0)
+    val/000000.bin, ...    the same for validation
+    parts/, preparing.json what preparation keeps to resume by part (data/prepare.py)
+
+Rows come from the shards by arithmetic, in one of two layouts (the manifest's `layout`):
+- packed: the split's tokens, concatenated over its shards, cut into windows of context + 1 tokens that overlap
+  by one (window i starts at token i * context), so every token is a target exactly once;
+- documents: one row per document, truncated to context + 1 tokens (shards keep only those) and padded with the
+  tokenizer's pad id, which the loss ignores (the Mix-LN paper's C4 setup).
+These are the rows the in-memory sources always had (text.py), so a run on a set trains on the same batches.
+
+Training reads row indices in an order drawn per epoch from (seed, epoch) (batching.py): the row at data position p
+is found by arithmetic, so resuming at any position costs the same. A large set's epoch order is kept in the
+node's cache once drawn, so a resumed run on that node does not draw it again.
+
+A set in a storage is read from a copy in the node's cache (BLOCKFORGE_CACHE/storage/prepared/...): each node
+takes down each file once, under a lock, checks it against the manifest's checksum and only then moves it into
+place, so a half-taken-down shard is never read; every trial of the node then reads the one copy. A local set's
+files are checked against their checksums once per node (and again when a file changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from blockforge.data.batching import derived_seed, epoch_order, shuffled_batches
+from blockforge.errors import DataError
+from blockforge.io import atomic_write, atomic_write_json
+from blockforge.spec.data import DataConfig
+from blockforge.storage import Storage, cache_root, is_uri
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer"
+SPLITS = ("train", "val")
+FILES = ("bin", "idx")  # per shard: the tokens and the document offsets
+HASH_CHUNK = 16 * 2**20
+SAMPLE_TOKENS = 10_000_000  # a stream's validation tokens (the Mix-LN paper evaluates on ~10M C4 validation tokens)
+# Drawing the permutation of a set with this many rows takes long enough (about 0.15 s at 2^22 on one core) that it
+# is kept in the node's cache once drawn.
+SAVED_ORDER_ROWS = 2**22
+
+
+# ---- what a set is -----------------------------------------------------------------------------------
+
+
+# The data settings that decide a set's tokens, by source: what a manifest records and a recipe must match.
+SOURCE_KEYS = {
+    "builtin": (),
+    "text": ("path",),
+    "hf": ("dataset", "name", "path", "split", "val_split", "text_field", "streaming"),
+}
+
+
+def data_settings(cfg: DataConfig) -> dict[str, Any]:
+    """`cfg`'s settings that decide which tokens a set holds (not `prepared`, not the image keys), by recipe key."""
+    from blockforge.spec.strict import canonical
+
+    settings: dict[str, Any] = {"source": cfg.source}
+    for key in SOURCE_KEYS[cfg.source]:
+        settings[key] = getattr(cfg, key)
+    if cfg.source != "hf" or cfg.val_split is None:  # a hold-out by hash
+        settings["val_fraction"] = cfg.val_fraction
+    settings["tokenizer"] = {k: v for k, v in canonical(cfg.tokenizer).items() if v is not None}
+    if cfg.tokenizer.bpe is not None:
+        settings["bpe_train_chars"] = cfg.bpe_train_chars
+    return settings
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a set's tokens become rows of context + 1 tokens (see the module's docstring)."""
+
+    pack: bool
+    context: int
+
+    @property
+    def name(self) -> str:
+        return "packed" if self.pack else "documents"
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"pack": self.pack, "context": self.context}
+
+    def rows(self, tokens: int, documents: int) -> int:
+        """Rows of a split holding `tokens` tokens in `documents` documents."""
+        if self.pack:
+            return (tokens - 1) // self.context if tokens > self.context else 0
+        return documents
+
+    def rows_for(self, tokens: int) -> int:
+        """Rows that give `tokens` training tokens (each row gives `context` targets)."""
+        return -(-tokens // self.context)
+
+
+def set_key(cfg: DataConfig, layout: Layout) -> str:
+    """What names the rows a recipe trains on, whatever budget a set of them was prepared to: its data settings and
+    layout (a search finds the set of each trial by it)."""
+    from blockforge.spec.strict import stable_hash
+
+    return stable_hash({"data": data_settings(cfg), "layout": layout.to_plain(), "format": FORMAT})
+
+
+def recipe_layout(recipe) -> Layout:
+    return Layout(pack=recipe.data.pack, context=recipe.spec.context)
+
+
+# ---- the manifest ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str  # "train/000000": its files are name.bin and name.idx
+    documents: int  # documents the set uses (a stream's last shard may hold more)
+    tokens: int  # tokens of those documents, as stored
+    files: dict[str, dict[str, Any]]  # "bin"/"idx" -> {"bytes", "sha256"}
+
+    def file(self, kind: str) -> str:
+        return f"{self.name}.{kind}"
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    shards: tuple[ShardInfo, ...]
+    documents: int
+    tokens: int  # as stored (documents rows keep context + 1 tokens of each)
+    source_tokens: int  # before truncation
+
+    def rows(self, layout: Layout) -> int:
+        return layout.rows(self.tokens, self.documents)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a prepared set holds: read from manifest.json, checked as it is read."""
+
+    fingerprint: str
+    key: str  # set_key: the data settings and layout, without the budget
+    data: dict[str, Any]
+    layout: Layout
+    tokenizer: dict[str, Any]  # name, fingerprint, vocab_size, eos_id, pad_id
+    dtype: str
+    max_token_id: int
+    requested_tokens: int | None  # a stream's training tokens asked for; None: a finite source, prepared whole
+    splits: dict[str, SplitInfo]
+    unigram_val_ppl: float | None
+    info: dict[str, Any]
+    raw: dict[str, Any]
+
+    def files(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every shard file (relative path, {"bytes", "sha256"})."""
+        for split in self.splits.values():
+            for shard in split.shards:
+                for kind in FILES:
+                    yield shard.file(kind), shard.files[kind]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @staticmethod
+    def parse(data: Any, where: str) -> "Manifest":
+        """A manifest from its JSON data, or one sentence naming the file when it is not one."""
+        path = f"{where}/{MANIFEST}"
+
+        def bad(why: str) -> DataError:
+            return DataError(f"data.prepared: {path} is not the manifest of a prepared set ({why}); prepare the set again "
+                             "with `blockforge prepare`")
+
+        if not isinstance(data, dict) or data.get("kind") != "blockforge prepared set":
+            raise bad("it does not say it is one")
+        if data.get("format") != FORMAT:
+            raise bad(f"format {data.get('format')!r}, and this blockforge reads format {FORMAT}")
+        try:
+            layout = Layout(pack=bool(data["layout"]["pack"]), context=int(data["layout"]["context"]))
+            splits = {}
+            for name in SPLITS:
+                split = data["splits"][name]
+                shards = tuple(ShardInfo(str(s["name"]), int(s["documents"]), int(s["tokens"]),
+                                         {kind: {"bytes": int(s["files"][kind]["bytes"]), "sha256": str(s["files"][kind]["sha256"])}
+                                          for kind in FILES})
+                               for s in split["shards"])
+                splits[name] = SplitInfo(shards, int(split["documents"]), int(split["tokens"]), int(split["source_tokens"]))
+            tokenizer = dict(data["tokenizer"])
+            for key in ("name", "fingerprint", "vocab_size", "eos_id", "pad_id"):
+                tokenizer[key]  # noqa: B018 - present, or KeyError below
+            dtype = str(data["dtype"])
+            if dtype not in ("uint16", "uint32"):
+                raise ValueError(f"dtype {dtype!r}")
+            manifest = Manifest(
+                fingerprint=str(data["fingerprint"]), key=str(data["key"]), data=dict(data["data"]), layout=layout,
+                tokenizer=tokenizer, dtype=dtype, max_token_id=int(data["max_token_id"]),
+                requested_tokens=None if data.get("requested_tokens") is None else int(data["requested_tokens"]),
+                splits=splits, unigram_val_ppl=data.get("unigram_val_ppl"), info=dict(data.get("info") or {}), raw=data,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise bad(f"{type(err).__name__}: {err}") from None
+        for name, split in manifest.splits.items():
+            if sum(s.documents for s in split.shards) != split.documents or sum(s.tokens for s in split.shards) != split.tokens:
+                raise bad(f"the {name} split's shards do not add up to its counts")
+            for shard in split.shards:
+                if not shard.name.startswith(f"{name}/") or ".." in shard.name:
+                    raise bad(f"shard {shard.name!r} lies outside its split's folder")
+        return manifest
+
+
+def read_manifest(folder: Path, where: str) -> Manifest:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise missing_set(where)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise DataError(f"data.prepared: {where}/{MANIFEST} is not the manifest of a prepared set (it does not read as JSON: "
+                        f"{type(err).__name__}); prepare the set again with `blockforge prepare`") from None
+    return Manifest.parse(data, where)
+
+
+def missing_set(where: str) -> DataError:
+    return DataError(f"data.prepared: {where} holds no prepared set (there is no {MANIFEST}); prepare one with "
+                     f"`blockforge prepare RECIPE --out {where}`, or fix the path")
+
+
+# ---- checking a set against a recipe -----------------------------------------------------------------
+
+
+def check_matches(manifest: Manifest, cfg: DataConfig, layout: Layout, vocab: int | None, where: str) -> None:
+    """Refuse, naming the first key that differs, a set made from other data, another tokenizer, context or layout."""
+    wanted = data_settings(cfg)
+    for key in dict.fromkeys([*wanted, *manifest.data]):
+        ours, theirs = wanted.get(key), manifest.data.get(key)
+        if _plain(ours) != _plain(theirs):
+            raise DataError(f"data.prepared: {where} was prepared with data.{key} = {_show(theirs)}, but the recipe has "
+                            f"{_show(ours)}; prepare a set for this recipe (blockforge prepare RECIPE --out PATH), or set "
+                            f"data.{key} to {_show(theirs)}")
+    if manifest.layout.context != layout.context:
+        raise DataError(f"data.prepared: {where} holds rows for model.context {manifest.layout.context}, but the recipe has "
+                        f"{layout.context}; prepare a set for this context, or set model.context: {manifest.layout.context}")
+    if manifest.layout.pack != layout.pack:
+        raise DataError(f"data.prepared: {where} holds {manifest.layout.name} rows (data.pack {str(manifest.layout.pack).lower()}), "
+                        f"but the recipe has data.pack {str(layout.pack).lower()}; prepare a set with this layout, or set "
+                        f"data.pack: {str(manifest.layout.pack).lower()}")
+    if vocab is not None and manifest.max_token_id >= vocab:
+        raise DataError(f"data.prepared: {where} holds token id {manifest.max_token_id} ({manifest.tokenizer['name']}, vocabulary "
+                        f"{manifest.tokenizer['vocab_size']}), but model.vocab is {vocab}; raise model.vocab to at least "
+                        f"{manifest.max_token_id + 1} or prepare the set with a smaller tokenizer")
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _show(value: Any) -> str:
+    return "not set" if value is None else json.dumps(value, default=str)
+
+
+# ---- files: checked once per node --------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_files(folder: Path, manifest: Manifest, where: str, stamp: Path) -> None:
+    """Every shard file is there, as long as the manifest says, with its checksum. A file's checksum is computed once per
+    node and kept in `stamp` with its size and modification time, and computed again only when those change."""
+    try:
+        known = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    checked, changed = {}, False
+    for rel, expected in manifest.files():
+        path = folder / rel
+        try:
+            stat = path.stat()
+        except OSError:
+            raise DataError(f"data.prepared: {where}/{rel} is missing; the set is incomplete: prepare it again (an interrupted "
+                            "`blockforge prepare` resumes)") from None
+        if stat.st_size != expected["bytes"]:
+            raise DataError(f"data.prepared: {where}/{rel} holds {stat.st_size:,} bytes, not the {expected['bytes']:,} its manifest "
+                            "gives (cut short or replaced); prepare the set again")
+        seen = [stat.st_size, stat.st_mtime_ns, expected["sha256"]]
+        if known.get(rel) != seen:
+            if sha256_file(path) != expected["sha256"]:
+                raise DataError(f"data.prepared: {where}/{rel} fails its checksum (its bytes are not those the manifest records: "
+                                "damaged or changed); prepare the set again")
+            changed = True
+        checked[rel] = seen
+    if changed or checked != known:
+        atomic_write_json(stamp, checked)
+
+
+def _stamp_for(folder: Path) -> Path:
+    return cache_root() / "prepared" / "checked" / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
+
+
+# ---- a set in a storage: the node's copy -------------------------------------------------------------
+
+FETCHED = "fetched.jsonl"  # in a node's copy: one line per file taken down (what, how large, how long)
+FETCH_WAIT_S = 6 * 3600.0  # how long a process waits for another one of its node to take a set down
+
+
+def node_copy(storage: Storage) -> Path:
+    """This node's copy of the set in `storage`, taken down where it is missing or out of date (under a lock, so the
+    trials of one node take each file down once) and checked against the manifest."""
+    from blockforge.lock import RunLock
+
+    where = str(storage)
+    local = storage.working_copy("prepared")
+    local.mkdir(parents=True, exist_ok=True)
+    with storage.failing_as("read the prepared set", "check data.prepared, the storage and its credentials"):
+        remote_bytes = storage.read_bytes(MANIFEST)
+    if remote_bytes is None:
+        raise missing_set(where)
+    try:
+        remote_data = json.loads(remote_bytes)
+    except ValueError:
+        raise DataError(f"data.prepared: {where}/{MANIFEST} is not the manifest of a prepared set (it does not read as JSON); "
+                        "prepare the set again with `blockforge prepare`") from None
+    manifest = Manifest.parse(remote_data, where)
+    lock = RunLock(local, "fetch.lock", "taking a prepared set down into it").acquire(wait_s=FETCH_WAIT_S)
+    try:
+        here = local / MANIFEST
+        if here.is_file() and here.read_bytes() == remote_bytes:
+            check_files(local, manifest, where, local / ".checked.json")
+            return local
+        here.unlink(missing_ok=True)  # the copy is not a set until every file is in place again
+        listing = storage.listing(TOKENIZER)
+        for name, (size, mtime) in sorted(listing.items()):
+            target = local / TOKENIZER / name
+            if not (target.is_file() and target.stat().st_size == size):
+                storage.download(f"{TOKENIZER}/{name}", target, mtime)
+        for rel, expected in manifest.files():
+            target = local / rel
+            if target.is_file() and target.stat().st_size == expected["bytes"] and _checked_before(local, rel, expected):
+                continue
+            started = time.perf_counter()
+            staged = target.with_name(f".{target.name}.fetch")
+            storage.download(rel, staged)
+            if staged.stat().st_size != expected["bytes"] or sha256_file(staged) != expected["sha256"]:
+                staged.unlink(missing_ok=True)
+                raise DataError(f"data.prepared: {where}/{rel} fails its checksum against the set's manifest (damaged or "
+                                "changed in the storage); prepare the set again")
+            os.replace(staged, target)
+            with open(local / FETCHED, "a") as log:
+                log.write(json.dumps({"file": rel, "bytes": expected["bytes"], "seconds": round(time.perf_counter() - started, 3),
+                                      "pid": os.getpid(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        check_files(local, manifest, where, local / ".checked.json")
+        atomic_write(here, lambda tmp: Path(tmp).write_bytes(remote_bytes))
+        return local
+    finally:
+        lock.release()
+
+
+def _checked_before(local: Path, rel: str, expected: dict) -> bool:
+    try:
+        known = json.loads((local / ".checked.json").read_text())
+        stat = (local / rel).stat()
+        return known.get(rel) == [stat.st_size, stat.st_mtime_ns, expected["sha256"]]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+# ---- reading rows ------------------------------------------------------------------------------------
+
+
+class SplitRows:
+    """The rows of one split of a set, read by index from its memory-mapped shards."""
+
+    def __init__(self, folder: Path, split: SplitInfo, layout: Layout, dtype: np.dtype, pad_id: int | None):
+        self.layout, self.pad_id = layout, pad_id
+        self.width = layout.context + 1
+        self.tokens = [_memmap(folder / s.file("bin"), dtype, s.tokens) for s in split.shards]
+        self.offsets = [_memmap(folder / s.file("idx"), np.dtype(np.int64), s.documents + 1) for s in split.shards]
+        self.token_starts = np.cumsum([0] + [s.tokens for s in split.shards])
+        self.doc_starts = np.cumsum([0] + [s.documents for s in split.shards])
+        self.total_tokens = int(self.token_starts[-1])
+        self.n_rows = layout.rows(self.total_tokens, int(self.doc_starts[-1]))
+        self._span = np.arange(self.width, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """Rows `indices` as an int64 (len(indices), context + 1) array."""
+        indices = np.asarray(indices, dtype=np.int64)
+        out = np.empty((len(indices), self.width), dtype=np.int64)
+        if len(indices) == 0:
+            return out
+        if self.layout.pack:
+            self._packed(indices * self.layout.context, out)
+        else:
+            self._documents(indices, out)
+        return out
+
+    def _packed(self, starts: np.ndarray, out: np.ndarray) -> None:
+        shard_of = np.searchsorted(self.token_starts, starts, side="right") - 1
+        for shard in np.unique(shard_of):
+            chosen = np.flatnonzero(shard_of == shard)
+            local = starts[chosen] - self.token_starts[shard]
+            tokens = self.tokens[shard]
+            inside = local + self.width <= len(tokens)
+            if inside.any():
+                out[chosen[inside]] = tokens[local[inside, None] + self._span]
+            for row in chosen[~inside]:  # a window across the end of its shard
+                out[row] = self._across(int(starts[row]))
+
+    def _across(self, start: int) -> np.ndarray:
+        parts, need, at = [], self.width, start
+        while need:
+            shard = int(np.searchsorted(self.token_starts, at, side="right") - 1)
+            local = at - int(self.token_starts[shard])
+            piece = self.tokens[shard][local : local + need]
+            parts.append(piece)
+            need -= len(piece)
+            at += len(piece)
+        return np.concatenate(parts).astype(np.int64)
+
+    def _documents(self, indices: np.ndarray, out: np.ndarray) -> None:
+        shard_of = np.searchsorted(self.doc_starts, indices, side="right") - 1
+        for shard in np.unique(shard_of):
+            chosen = np.flatnonzero(shard_of == shard)
+            local = indices[chosen] - self.doc_starts[shard]
+            offsets = self.offsets[shard]
+            begin, end = offsets[local], offsets[local + 1]
+            length = np.minimum(end - begin, self.width)
+            inside = self._span[None, :] < length[:, None]
+            positions = np.where(inside, begin[:, None] + self._span, begin[:, None])
+            rows = self.tokens[shard][positions].astype(np.int64)
+            rows[~inside] = self.pad_id
+            out[chosen] = rows
+
+    def documents(self) -> Iterator[np.ndarray]:
+        """Every document's stored tokens, in order."""
+        for tokens, offsets in zip(self.tokens, self.offsets):
+            for begin, end in zip(offsets[:-1], offsets[1:]):
+                yield np.asarray(tokens[begin:end])
+
+
+def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+class EpochOrders:
+    """The order of a split's rows in each epoch, drawn from (seed, epoch) as batching.epoch_order draws it. A large
+    set's order is kept in the node's cache once drawn (int32 where the rows fit), so a run resumed at any position of
+    any epoch reads it instead of drawing it again."""
+
+    def __init__(self, n: int, seed: int, folder: Path | None):
+        self.n, self.seed, self.folder = n, seed, folder
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if self.folder is None or self.n < SAVED_ORDER_ROWS:
+            return epoch_order(self.n, self.seed, epoch)
+        path = self.folder / f"order-{self.n}-{derived_seed(self.seed, epoch)}.npy"
+        try:
+            order = np.load(path, mmap_mode="r")
+            if order.shape == (self.n,):
+                return order
+        except (OSError, ValueError):
+            pass
+        order = epoch_order(self.n, self.seed, epoch)
+        order = order.astype(np.int32) if self.n < 2**31 else order
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, order)
+
+        try:
+            atomic_write(path, write)
+        except OSError:
+            pass  # a cache that cannot be written: the order is drawn again next time
+        return order
+
+
+class PreparedSet:
+    """A prepared set opened for reading: its manifest, checked files and tokenizer (local, or the node's copy of a URI's)."""
+
+    def __init__(self, folder: Path, manifest: Manifest, where: str):
+        self.folder, self.manifest, self.where = folder, manifest, where
+
+    @classmethod
+    def open(cls, where: str | os.PathLike) -> "PreparedSet":
+        where = str(where)
+        if is_uri(where):
+            folder = node_copy(Storage.open(where))
+            return cls(folder, read_manifest(folder, where), where)
+        folder = Path(where).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise DataError(f"data.prepared: {where} is a file, not a prepared set's folder; give the folder `blockforge prepare` wrote")
+        manifest = read_manifest(folder, where)
+        check_files(folder, manifest, where, _stamp_for(folder))
+        return cls(folder, manifest, where)
+
+    def tokenizer(self):
+        from blockforge.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(self.folder / TOKENIZER)
+        tokenizer.name = self.manifest.tokenizer["name"]  # "bpe-8192", "t5-base": what logs, records and exports name it
+        if tokenizer.fingerprint != self.manifest.tokenizer["fingerprint"]:
+            raise DataError(f"data.prepared: {self.where}/{TOKENIZER} is not the tokenizer the set's ids were made with (its "
+                            "fingerprint differs from the manifest's); prepare the set again")
+        return tokenizer
+
+    def split(self, name: str, pad_id: int | None) -> SplitRows:
+        return SplitRows(self.folder, self.manifest.splits[name], self.manifest.layout, self.manifest.np_dtype, pad_id)
+
+
+def to_batch(rows: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(rows if rows.dtype == np.int64 else rows.astype(np.int64))
+
+
+class PreparedTextDataset:
+    """Token rows read by index from a prepared set: the one reader of every text source that is not a raw stream.
+
+    `train_batches(batch_size, start, part)` gives the rows of data positions start * batch_size ... in the epoch order
+    of `seed`; with part=(rank, ranks) only that rank's share of each batch is read."""
+
+    kind = "text"
+
+    def __init__(self, prepared: PreparedSet, *, seq_len: int, vocab: int | None, seed: int, empty: dict[str, tuple[str, str]] | None = None):
+        manifest = prepared.manifest
+        self.prepared, self.manifest = prepared, manifest
+        self.tokenizer = prepared.tokenizer()
+        self.seq_len, self.seed = seq_len, seed
+        self.pad_id = None if manifest.layout.pack else self.tokenizer.pad_id
+        from blockforge.data.tokenizer import check_token_ids
+
+        check_token_ids(manifest.max_token_id, vocab, self.tokenizer)
+        self.train = prepared.split("train", self.pad_id)
+        self.val = prepared.split("val", self.pad_id)
+        for name, rows in (("train", self.train), ("val", self.val)):
+            if len(rows) == 0:
+                what, fix = (empty or {}).get(name) or (f"data.prepared: {prepared.where}: the {'training' if name == 'train' else 'validation'} split",
+                                                         "prepare more text or lower model.context")
+                raise DataError(f"{what} has {rows.total_tokens} tokens, fewer than one row of model.context + 1 = {seq_len + 1}; {fix}")
+        self.orders = EpochOrders(len(self.train), seed, cache_root() / "prepared" / "orders")
+
+    def train_batches(self, batch_size: int, start: int = 0, part: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
+        for _, indices in shuffled_batches(len(self.train), batch_size, self.seed, start, part=part, order=self.orders):
+            yield to_batch(self.train.rows(indices))
+
+    def val_batches(self, batch_size: int, limit: int | None = None) -> list[torch.Tensor]:
+        starts = range(0, len(self.val), batch_size)[:limit]
+        return [to_batch(self.val.rows(np.arange(i, min(i + batch_size, len(self.val))))) for i in starts]
+
+    def unigram_perplexity(self) -> float | None:
+        return self.manifest.unigram_val_ppl
+
+    def describe(self) -> dict[str, Any]:
+        m = self.manifest
+        info = {
+            **m.info,
+            "tokens": {name: m.splits[name].source_tokens for name in SPLITS},
+            "rows": {"train": len(self.train), "val": len(self.val)},
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": self.tokenizer.vocab_size,
+            "seq_len": self.seq_len,
+            "pack": self.pad_id is None,
+            "prepared": self.prepared.where,
+            "prepared_fingerprint": m.fingerprint,
+        }
+        if m.unigram_val_ppl is not None:
+            info["unigram_val_ppl"] = round(m.unigram_val_ppl, 2)
+        return info
