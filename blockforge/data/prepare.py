@@ -165,6 +165,27 @@ class RayWorkers:
                 self.ray.cancel(handle, force=True)
 
 
+class _Stoppable:
+    """Workers whose waits check `should_stop` every second (a signal to the driver stops the preparation between parts)."""
+
+    def __init__(self, workers, should_stop: Callable[[], None]):
+        self.workers, self.should_stop = workers, should_stop
+        self.slots = workers.slots
+
+    def submit(self, fn: Callable, *args) -> Any:
+        self.should_stop()
+        return self.workers.submit(fn, *args)
+
+    def wait(self, handles: list) -> tuple[Any, Any]:
+        if isinstance(self.workers, RayWorkers):
+            while not self.workers.ray.wait(handles, num_returns=1, timeout=1.0)[0]:
+                self.should_stop()
+        return self.workers.wait(handles)
+
+    def cancel(self, handles: list) -> None:
+        self.workers.cancel(handles)
+
+
 # ---- one part: tokenize, write the shards, then the record ---------------------------------------------
 
 
@@ -464,26 +485,32 @@ class Outcome:
 
 
 def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | RayWorkers | None = None, progress: bool = True,
-            corpus=None, tokenizer=None, wait_s: float = 0.0, say: Callable[[str], None] | None = None) -> Outcome:
+            corpus=None, tokenizer=None, wait_s: float = 0.0, say: Callable[[str], None] | None = None,
+            should_stop: Callable[[], None] | None = None) -> Outcome:
     """Prepare `request` into `out` (a local folder or a URI): every part not yet done, then the manifest.
 
     `corpus` and `tokenizer` (a finite source already loaded, its tokenizer already built) save loading them again.
-    `wait_s`: how long to wait for another preparation of the same folder (the node's token cache) instead of refusing."""
+    `wait_s`: how long to wait for another preparation of the same folder (the node's token cache) instead of refusing.
+    `should_stop()` is called between parts and may raise to stop (a signal): the parts done are kept."""
     started = time.perf_counter()
     storage = Storage.open(out)
-    if not storage.local:
-        storage.check()
     workers = workers or InProcess()
+    done = _existing(storage, request)  # read before anything is written: a set that is there is only read
+    if done is not None:
+        return Outcome(done, reused=True)
     with owning(storage, wait_s) as still_ours:
-        done = _existing(storage, request)
+        done = _existing(storage, request)  # another preparation finished it while this one waited
         if done is not None:
             return Outcome(done, reused=True)
+        if not storage.local:
+            storage.check()
         _start(storage, request)
         tokenizer, files = _tokenizer(storage, request, corpus, tokenizer, say)
         job = Job(str(storage), request.data, request.layout, files, tokenizer.fingerprint,
                   hold_out=request.streamed and request.data.val_split is None, one_core=isinstance(workers, RayWorkers))
         records = _records(storage)
         resumed = len(records)
+        workers = _Stoppable(workers, should_stop) if should_stop is not None else workers
         if request.streamed:
             used, info = _run_stream(storage, request, job, workers, records, progress)
         else:
@@ -639,6 +666,8 @@ def _run_finite(corpus, job: Job, workers, records: dict, progress: bool) -> tup
 
 
 def _shared(workers, texts: list[str]):
+    """The texts as a part receives them: in the object store for tasks (sent once, read where the task runs)."""
+    workers = getattr(workers, "workers", workers)
     if isinstance(workers, RayWorkers):
         return workers.ray.put(texts)
     return texts
@@ -812,3 +841,73 @@ def _clean(storage: Storage, used: dict[str, list[dict]]) -> None:
         if top in ("train", "val") and name not in keep:
             with contextlib.suppress(BlockforgeError):
                 storage.delete(name)
+
+
+# ---- before preparing: how much work ------------------------------------------------------------------------
+
+SAMPLE_CHARS = 2_000_000  # text tokenized to measure the tokenizer's rate
+ASSUMED_RATE = 700_000.0  # tokens/s per core: blockforge's BPE (8192) on C4-like English text, measured on one core
+
+
+@dataclass(frozen=True)
+class Rate:
+    """What preparing a request costs, from a sample of its source: the tokenizer's rate on one core and document sizes."""
+
+    tokens_per_s: float
+    document_tokens: float  # a whole document's tokens, on average
+    source_tokens: float | None  # a finite source: about how many tokens it holds (its characters at the sample's ratio)
+    note: str  # how the figures were obtained
+
+    def work(self, request: Request) -> float:
+        """The tokens preparing `request` encodes: a stream's training documents (whole, before a document row is cut to
+        its context) and validation; a finite source's every document."""
+        if not request.streamed:
+            return self.source_tokens or 0.0
+        rows = request.layout.rows_for(request.tokens)
+        train = rows * request.layout.context if request.layout.pack else rows * self.document_tokens
+        return train + VAL_TOKENS
+
+
+def measure_rate(request: Request, sample_chars: int = SAMPLE_CHARS) -> Rate:
+    """Tokenize the start of the request's training text on one core (process CPU time) and say how fast it went; where
+    the source or its tokenizer cannot be read here, an assumed rate, said so."""
+    from blockforge.data.tokenizer import bpe_tokenizer, load_hf_tokenizer, take_chars
+
+    cfg = request.data
+    try:
+        if request.streamed:
+            texts, total_chars = take_chars(_stream_training_texts(cfg), sample_chars), None
+        else:
+            corpus = _load_corpus(cfg)
+            texts, total_chars = take_chars(corpus.train, sample_chars), sum(map(len, corpus.train)) + sum(map(len, corpus.val))
+        if cfg.tokenizer.hf is not None:
+            tokenizer = load_hf_tokenizer(cfg.tokenizer.hf)
+        else:
+            tokenizer = bpe_tokenizer(texts, cfg.tokenizer.bpe, cache_root())
+    except DataError as err:
+        return Rate(ASSUMED_RATE, 0.0, None, f"assumed, not measured: {str(err).split(';')[0]}")
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core
+    try:
+        started = time.process_time()
+        tokens = sum(len(ids) for ids in tokenizer.encode_documents(texts))
+        seconds = max(time.process_time() - started, 1e-6)
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    chars = sum(map(len, texts))
+    source = None if total_chars is None else total_chars * tokens / max(chars, 1)
+    return Rate(tokens / seconds, tokens / max(len(texts), 1), source,
+                f"measured here: {tokenizer.name} on the first {chars:,} characters of the source, one core")
+
+
+def part_count(request: Request) -> int:
+    """How many parts preparing `request` cuts its work into (a stream: its shards; a finite source: its chunks)."""
+    if request.streamed:
+        from blockforge.data.corpus import open_hf_split
+
+        return open_hf_split(request.data, request.data.split, streaming=True).num_shards
+    corpus = _load_corpus(request.data)
+    return sum(1 for texts in (corpus.train, corpus.val) for _ in _chunks(texts, PART_CHARS))

@@ -284,12 +284,7 @@ def sha256_file(path: Path) -> str:
 def check_files(folder: Path, manifest: Manifest, where: str, stamp: Path) -> None:
     """Every shard file is there, as long as the manifest says, with its checksum. A file's checksum is computed once per
     node and kept in `stamp` with its size and modification time, and computed again only when those change."""
-    try:
-        known = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+    known = _read_stamp(stamp)
     checked, changed = {}, False
     for rel, expected in manifest.files():
         path = folder / rel
@@ -322,6 +317,28 @@ FETCHED = "fetched.jsonl"  # in a node's copy: one line per file taken down (wha
 FETCH_WAIT_S = 6 * 3600.0  # how long a process waits for another one of its node to take a set down
 
 
+def remote_manifest(storage: Storage) -> tuple[Manifest, bytes]:
+    """The manifest of the set in `storage`, read there (nothing is taken down), and its bytes."""
+    where = str(storage)
+    with storage.failing_as("read the prepared set", "check data.prepared, the storage and its credentials"):
+        data = storage.read_bytes(MANIFEST)
+    if data is None:
+        raise missing_set(where)
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        raise DataError(f"data.prepared: {where}/{MANIFEST} is not the manifest of a prepared set (it does not read as JSON); "
+                        "prepare the set again with `blockforge prepare`") from None
+    return Manifest.parse(parsed, where), data
+
+
+def set_manifest(where: str) -> Manifest:
+    """The manifest of the set at `where` (a folder or a URI), read without checking or taking down its files."""
+    if is_uri(where):
+        return remote_manifest(Storage.open(where))[0]
+    return read_manifest(Path(where).expanduser(), where)
+
+
 def node_copy(storage: Storage) -> Path:
     """This node's copy of the set in `storage`, taken down where it is missing or out of date (under a lock, so the
     trials of one node take each file down once) and checked against the manifest."""
@@ -330,16 +347,7 @@ def node_copy(storage: Storage) -> Path:
     where = str(storage)
     local = storage.working_copy("prepared")
     local.mkdir(parents=True, exist_ok=True)
-    with storage.failing_as("read the prepared set", "check data.prepared, the storage and its credentials"):
-        remote_bytes = storage.read_bytes(MANIFEST)
-    if remote_bytes is None:
-        raise missing_set(where)
-    try:
-        remote_data = json.loads(remote_bytes)
-    except ValueError:
-        raise DataError(f"data.prepared: {where}/{MANIFEST} is not the manifest of a prepared set (it does not read as JSON); "
-                        "prepare the set again with `blockforge prepare`") from None
-    manifest = Manifest.parse(remote_data, where)
+    manifest, remote_bytes = remote_manifest(storage)
     lock = RunLock(local, "fetch.lock", "taking a prepared set down into it").acquire(wait_s=FETCH_WAIT_S)
     try:
         here = local / MANIFEST
@@ -347,40 +355,62 @@ def node_copy(storage: Storage) -> Path:
             check_files(local, manifest, where, local / ".checked.json")
             return local
         here.unlink(missing_ok=True)  # the copy is not a set until every file is in place again
-        listing = storage.listing(TOKENIZER)
-        for name, (size, mtime) in sorted(listing.items()):
-            target = local / TOKENIZER / name
-            if not (target.is_file() and target.stat().st_size == size):
-                storage.download(f"{TOKENIZER}/{name}", target, mtime)
-        for rel, expected in manifest.files():
-            target = local / rel
-            if target.is_file() and target.stat().st_size == expected["bytes"] and _checked_before(local, rel, expected):
-                continue
+        for name, (size, mtime) in sorted(storage.listing(TOKENIZER).items()):
+            storage.download(f"{TOKENIZER}/{name}", local / TOKENIZER / name, mtime)
+        stamp = local / ".checked.json"
+        checked = _read_stamp(stamp)
+        wanted = [(rel, expected) for rel, expected in manifest.files() if not _same(local / rel, checked.get(rel), expected)]
+        _check_room(local, sum(expected["bytes"] for _, expected in wanted), where)
+        for rel, expected in wanted:
             started = time.perf_counter()
+            target = local / rel
             staged = target.with_name(f".{target.name}.fetch")
-            storage.download(rel, staged)
+            try:
+                storage.download(rel, staged)
+            except FileNotFoundError:
+                raise DataError(f"data.prepared: {where}/{rel} is missing; the set is incomplete: prepare it again") from None
             if staged.stat().st_size != expected["bytes"] or sha256_file(staged) != expected["sha256"]:
                 staged.unlink(missing_ok=True)
                 raise DataError(f"data.prepared: {where}/{rel} fails its checksum against the set's manifest (damaged or "
                                 "changed in the storage); prepare the set again")
             os.replace(staged, target)
+            stat = target.stat()
+            checked[rel] = [stat.st_size, stat.st_mtime_ns, expected["sha256"]]
+            atomic_write_json(stamp, checked)  # after each file: a copy cut short keeps what it checked
             with open(local / FETCHED, "a") as log:
                 log.write(json.dumps({"file": rel, "bytes": expected["bytes"], "seconds": round(time.perf_counter() - started, 3),
                                       "pid": os.getpid(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-        check_files(local, manifest, where, local / ".checked.json")
+        check_files(local, manifest, where, stamp)
         atomic_write(here, lambda tmp: Path(tmp).write_bytes(remote_bytes))
         return local
     finally:
         lock.release()
 
 
-def _checked_before(local: Path, rel: str, expected: dict) -> bool:
+def _read_stamp(stamp: Path) -> dict:
     try:
-        known = json.loads((local / ".checked.json").read_text())
-        stat = (local / rel).stat()
-        return known.get(rel) == [stat.st_size, stat.st_mtime_ns, expected["sha256"]]
-    except (OSError, ValueError, AttributeError):
+        known = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _same(path: Path, seen: list | None, expected: dict) -> bool:
+    """Whether the file at `path` is the one a stamp checked: the same size, time and expected checksum."""
+    try:
+        stat = path.stat()
+    except OSError:
         return False
+    return seen == [stat.st_size, stat.st_mtime_ns, expected["sha256"]] and stat.st_size == expected["bytes"]
+
+
+def _check_room(local: Path, needed: int, where: str) -> None:
+    import shutil
+
+    free = shutil.disk_usage(local).free
+    if needed > free:
+        raise DataError(f"data.prepared: taking {where} down needs {needed / 2**30:.1f} GiB in {local}, which has {free / 2**30:.1f} "
+                        "GiB free; free space there or set BLOCKFORGE_CACHE to a disk with room")
 
 
 # ---- reading rows ------------------------------------------------------------------------------------

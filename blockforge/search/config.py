@@ -235,6 +235,9 @@ class SearchPlan:
     search_data: dict = field(default_factory=dict)  # the search file's data as read: search.json keeps it with base_data
     guide: Guide | None = None  # law-guided cells (spec/search.py Guide)
     order: list[str] = field(default_factory=list)  # with guide: the proxy cells in the order they run (the first guide the rest)
+    # Where the driver prepared the trials' data (search/datasets.py): set_key -> the set's folder or URI. Not part of
+    # the fingerprint or of any trial's identity: it says where rows are read from, not which.
+    prepared: dict[str, str] = field(default_factory=dict)
 
     def varied_keys(self) -> set[str]:
         """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
@@ -339,8 +342,17 @@ class SearchPlan:
         baseline, and each searched value alone (Dimension.probes). Loading checks the same values (_check_values)."""
         return [{}] + [dict(b) for b in self.baselines] + [{d.key: v} for d in self.dimensions_in(name) for v in d.probes()]
 
-    def recipe(self, overrides: list[tuple[str, Any]]) -> Recipe:
-        return recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
+    def recipe(self, overrides: list[tuple[str, Any]], prepared: bool = True) -> Recipe:
+        """The recipe of a trial with `overrides`; with `prepared`, reading the set the driver prepared of its data, if any."""
+        recipe = recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
+        sets = getattr(self, "prepared", None)  # a plan unpickled from a search started before prepared sets has none
+        if prepared and sets and recipe.data.prepared is None and recipe.data.kind == "text":
+            from blockforge.data.prepared import recipe_layout, set_key
+
+            where = sets.get(set_key(recipe.data, recipe_layout(recipe)))
+            if where is not None:
+                recipe.data = dataclasses.replace(recipe.data, prepared=where)
+        return recipe
 
     def fingerprint(self) -> str:
         """What the search was started with: the search file's data, its base recipe's and the --set overrides
@@ -349,7 +361,7 @@ class SearchPlan:
 
 
 def anchor_data_paths(data: dict, workdir: str) -> dict:
-    """`data` with its relative local paths (data.path, a local data.tokenizer.hf folder) made absolute from workdir.
+    """`data` with its relative local paths (data.path, data.prepared, a local data.tokenizer.hf folder) made absolute from workdir.
 
     Tune starts every trial in a folder of its own, where a path relative to the directory the search was
     started from would name nothing.
@@ -368,6 +380,8 @@ def anchor_data_paths(data: dict, workdir: str) -> dict:
         section["path"] = [anchored(p) for p in section["path"]]
     elif section.get("path") is not None:
         section["path"] = anchored(section["path"])
+    if isinstance(section.get("prepared"), str) and "://" not in section["prepared"]:
+        section["prepared"] = anchored(section["prepared"])
     tokenizer = section.get("tokenizer")
     if isinstance(tokenizer, dict) and isinstance(tokenizer.get("hf"), str) and os.path.isdir(os.path.join(workdir, tokenizer["hf"])):
         section["tokenizer"] = {**tokenizer, "hf": anchored(tokenizer["hf"])}

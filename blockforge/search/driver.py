@@ -562,6 +562,11 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
             interrupts.arm()
             check_cluster(plan, needs, address, store)
             interrupts.check()
+            from blockforge.search.datasets import check_named_sets, prepare_search_sets
+
+            check_named_sets(plan)
+            plan.prepared = prepare_search_sets(plan, store, should_stop=interrupts.check)  # before the first trial
+            interrupts.check()
             if not resume:
                 atomic_write_json(marker, folder_marker(plan, overrides))
                 store.put(MARKER)

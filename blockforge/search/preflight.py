@@ -70,7 +70,8 @@ def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None, 
 SEEN_TIMEOUT_S = 60.0  # how long the per-node check of a local search folder may take (a node that must start a worker first)
 
 
-def check_shared_folder(folder: Path, nodes: list[dict]) -> None:
+def check_shared_folder(folder: Path, nodes: list[dict], what: str = "this search folder",
+                        writes: str = "its trials would write where the driver never reads") -> None:
     """Every node that can run a trial, other than the driver's own, must see the local search folder: a marker is
     written there and one small task per node reads it. A node that cannot is refused by name, before any trial."""
     import ray
@@ -95,9 +96,8 @@ def check_shared_folder(folder: Path, nodes: list[dict]) -> None:
             if seen is not True:
                 where = node.get("NodeManagerAddress", "?")
                 raise BlockforgeError(
-                    f"{folder}: node {where} (id {node['NodeID'][:12]}) cannot see this search folder ({seen}), and its trials would "
-                    "write where the driver never reads; put the search on a filesystem every node mounts (NFS), or in an object "
-                    "store: --out s3://BUCKET/PREFIX (or gs://...)")
+                    f"{folder}: node {where} (id {node['NodeID'][:12]}) cannot see {what} ({seen}), and {writes}; put it on a "
+                    "filesystem every node mounts (NFS), or in an object store: --out s3://BUCKET/PREFIX (or gs://...)")
     finally:
         marker.unlink(missing_ok=True)
 

@@ -31,7 +31,7 @@ RUN_ORDER = ("checkpoints/latest.json", "result.json")  # put up last: after the
 
 def driver_keeps(name: str) -> bool:
     """Whether the driver's working copy holds file `name` (relative to the search folder): not weights, not Tune's own."""
-    if name.startswith(("tune/", "tune.damaged/", "retrain/")):
+    if name.startswith(("tune/", "tune.damaged/", "retrain/", "data/")):  # data/: the prepared sets, which trials read
         return False
     if name.startswith("trials/"):
         parts = name.split("/")
