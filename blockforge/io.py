@@ -9,6 +9,7 @@ import errno
 import functools
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -17,6 +18,7 @@ from blockforge.errors import CorruptFolderError, WriteError
 
 # Errors of reading, not writing, when they come out of a write callback (a source file that is gone).
 _READ_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 
 
 def write_failure(err: BaseException) -> str | None:
@@ -35,6 +37,10 @@ def write_failure(err: BaseException) -> str | None:
         return None
     if isinstance(err, SafetensorError) and "I/O error" in str(err):
         return str(err).split("I/O error:", 1)[1].split(" (os error")[0].strip()
+    # Libraries written in Rust (tokenizers) raise a plain Exception that ends with the OS error's number.
+    code = re.search(r"\(os error (\d+)\)", str(err))
+    if code is not None and int(code.group(1)) in _WRITE_ERRNOS:
+        return os.strerror(int(code.group(1)))
     return None
 
 

@@ -20,6 +20,7 @@ One preparation writes a folder at a time: a local folder holds an flock (prepar
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import itertools
 import json
@@ -262,13 +263,17 @@ class ShardWriter:
         self.source_tokens += len(ids)
         self.max_id = max(self.max_id, int(ids.max()))
         kept = ids if self.layout.pack else ids[: self.layout.context + 1]  # a document row keeps context + 1 tokens
-        kept.astype(self.dtype, copy=False).tofile(self.file)
+        self.file.write(kept.astype(self.dtype, copy=False).tobytes())  # a failed write raises (numpy's tofile may not say)
         self.offsets.append(self.offsets[-1] + len(kept))
 
     def close(self) -> dict[str, Any]:
         self.file.close()
         index = self.path.with_suffix(".idx")
-        np.asarray(self.offsets, dtype=np.int64).tofile(index)
+        with open(index, "wb") as f:
+            f.write(np.asarray(self.offsets, dtype=np.int64).tobytes())
+        for path, expected in ((self.path, self.offsets[-1] * self.dtype.itemsize), (index, len(self.offsets) * 8)):
+            if path.stat().st_size != expected:  # a write the system cut short without saying so
+                raise OSError(errno.EFBIG, f"{path.name} holds {path.stat().st_size} bytes of the {expected} written")
         files = {kind: {"bytes": path.stat().st_size, "sha256": sha256_file(path)} for kind, path in (("bin", self.path), ("idx", index))}
         return {"shard": self.name, "documents": len(self.offsets) - 1, "tokens": self.offsets[-1], "source_tokens": self.source_tokens,
                 "max_id": self.max_id, "files": files}
@@ -283,8 +288,8 @@ def run_part(part: Part, job: Job, texts: list[str] | None = None) -> dict[str, 
     staging = _staging(storage)
     try:
         tokenizer = _job_tokenizer(job)
-        with writes_into(staging, f"part {part.name} of the prepared set",
-                         "free space there (or set BLOCKFORGE_CACHE elsewhere); the preparation continues where it stopped"):
+        place, room = (storage.uri, "free space there") if storage.local else (staging.parent, "free space there or set BLOCKFORGE_CACHE to a disk with room")
+        with writes_into(place, f"part {part.name} of the prepared set", f"{room}; the preparation continues where it stopped"):
             writers = {split: ShardWriter(staging, f"{split}/{part.index:06d}", np.dtype(_dtype(tokenizer.vocab_size)), job.layout,
                                           tokenizer.vocab_size, job.caps.get(split), by_documents(split, job.layout))
                        for split in part.outputs}
@@ -347,28 +352,23 @@ def put_file(storage: Storage, local: Path, rel: str) -> None:
 
 
 def _fill(part: Part, job: Job, tokenizer, writers: dict[str, ShardWriter], texts: list[str] | None) -> bool:
-    """Encode the part's documents into its writers until it ends or they are full; True if the part was read to its end."""
+    """Encode the part's documents, in order, into their writers until the part ends or its training side is full (a
+    stream's validation then holds the held-out documents read up to the last training document kept); True if the
+    part was read to its end."""
     from blockforge.data.corpus import validation_score
 
     if texts is None:
         texts = _stream_texts(part, job)
+    split_of = (lambda text: "val" if validation_score(text) < job.data.val_fraction else "train") if job.hold_out and part.kind == "stream" \
+        else (lambda text: part.outputs[0])
+    main = writers[part.outputs[0]]
     documents = iter(texts)
     while chunk := list(itertools.islice(documents, ENCODE_DOCUMENTS)):
-        if job.hold_out and part.kind == "stream":
-            groups = {"train": [t for t in chunk if validation_score(t) >= job.data.val_fraction],
-                      "val": [t for t in chunk if validation_score(t) < job.data.val_fraction]}
-        else:
-            groups = {part.outputs[0]: chunk}
-        for split, group in groups.items():
-            writer = writers[split]
-            if writer.full or not group:
-                continue
-            for ids in tokenizer.encode_documents(group):
-                writer.add(ids)
-                if writer.full:
-                    break
-        if writers[part.outputs[0]].full:  # the training side decides when a stream's part has given enough
-            return False
+        chunk = [(text, split) for text in chunk if not writers[split := split_of(text)].full]  # a full side encodes no more
+        for (_, split), ids in zip(chunk, tokenizer.encode_documents(text for text, _ in chunk)):
+            writers[split].add(ids)
+            if main.full:  # the training side decides when a stream's part has given enough
+                return False
     return True
 
 

@@ -30,6 +30,7 @@ files are checked against their checksums once per node (and again when a file c
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import time
@@ -517,8 +518,9 @@ class EpochOrders:
         order = order.astype(np.int32) if self.n < 2**31 else order
 
         def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, order)
+            buffer = io.BytesIO()  # np.save into a file writes with tofile, which may not say when a write falls short
+            np.save(buffer, order)
+            Path(tmp).write_bytes(buffer.getvalue())
 
         try:
             atomic_write(path, write)

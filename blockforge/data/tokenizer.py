@@ -98,8 +98,11 @@ class Tokenizer:
 
     def save(self, directory: str | Path) -> None:
         """Write the tokenizer files into `directory`, each one atomically."""
+        from blockforge.io import writes_into
+
         with tempfile.TemporaryDirectory() as tmp:
-            self.hf.save_pretrained(tmp)
+            with writes_into(tmp, "the tokenizer's files", "free space in the temporary folder (TMPDIR)"):
+                self.hf.save_pretrained(tmp)
             for file in sorted(Path(tmp).iterdir()):
                 atomic_write(Path(directory) / file.name, lambda out, file=file: shutil.copyfile(file, out))
 

@@ -365,3 +365,29 @@ def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_p
         assert os.stat(Path(next(r.run_dir for r in completed if r.identity == identity)) / "result.json").st_mtime_ns == stamp
     # Two models (k = 0, 1) x three seeds, each replicate trained once.
     assert sorted((r.post_ln_layers, r.seed) for r in completed) == [(k, s) for k in (0, 1) for s in (0, 1, 2)]
+
+
+def test_a_search_prepares_its_data_once_and_every_trial_reads_that_set(tmp_path, ray_session, s3):
+    """The search prepares the data its trials read into data/<fingerprint>/ of its folder before the first trial (as
+    Ray tasks); a search whose recipe names a set in object storage reads that one instead, each node taking it down once."""
+    from blockforge.storage import Storage
+
+    path = write_search(tmp_path, cells={"model.depth": [2]}, space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.5]}},
+                        baselines=[], trials_per_cell=2, scheduler=None, sampler={"grid": {}}, max_concurrent=1)
+    outcome = run_search(path, out=tmp_path / "local", progress_every_s=0)
+    sets = list((tmp_path / "local" / "data").glob("*/manifest.json"))
+    assert len(sets) == 1
+    runs = [tmp_path / "local" / r.run_dir for r in outcome.records if r.status == "completed"]
+    assert len(runs) == 2 and {json.loads((run / "data.json").read_text())["prepared"] for run in runs} == {str(sets[0].parent)}
+
+    uri = s3.direct(s3.bucket(), "sets/tiny")
+    assert main(["prepare", str(tmp_path / "tiny.yaml"), "--out", uri, "--no-progress", "--workers", "1"]) == 0
+    outcome = run_search(path, out=tmp_path / "remote-data", overrides=[("data.prepared", uri)], progress_every_s=0)
+    assert not (tmp_path / "remote-data" / "data").exists()  # nothing to prepare: the recipe names its set
+    runs = [tmp_path / "remote-data" / r.run_dir for r in outcome.records if r.status == "completed"]
+    assert len(runs) == 2 and {json.loads((run / "data.json").read_text())["prepared"] for run in runs} == {uri}
+    assert [r.value for r in outcome.records] == [r.value for r in Ledger(tmp_path / "local" / "trials.jsonl").records()]
+    manifest = json.loads(Storage.open(uri).read_bytes("manifest.json"))
+    shards = [f"{s['name']}.{kind}" for split in manifest["splits"].values() for s in split["shards"] for kind in ("bin", "idx")]
+    fetched = Storage.open(uri).working_copy("prepared") / "fetched.jsonl"
+    assert sorted(json.loads(line)["file"] for line in fetched.read_text().splitlines()) == sorted(shards)  # each file once

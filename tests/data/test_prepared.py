@@ -1,0 +1,340 @@
+"""Prepared sets: the rows and batches the text sources always gave, read by index; resume and rank shares by arithmetic;
+`blockforge prepare` of recipes and streams; every bad set refused in one sentence."""
+
+import json
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blockforge.cli import main
+from blockforge.data import DataConfig, TokenizerConfig
+from blockforge.data.batching import shuffled_batches
+from blockforge.data.prepared import Layout, PreparedSet, PreparedTextDataset
+from blockforge.data.text import packed_rows, padded_row
+from blockforge.errors import DataError
+
+
+def reference_rows(cfg: DataConfig, seq_len: int, cache_dir: Path, split: str = "train") -> np.ndarray:
+    """The rows a finite source gave before prepared sets: its documents tokenized whole, then packed or padded."""
+    from blockforge.data.corpus import load_corpus
+    from blockforge.data.tokenizer import build_tokenizer
+
+    corpus = load_corpus(cfg, cache_dir)
+    tokenizer = build_tokenizer(cfg.tokenizer, corpus.train, max_chars=cfg.bpe_train_chars, cache_dir=cache_dir, vocab=None)
+    documents = list(tokenizer.encode_documents(getattr(corpus, split)))
+    if cfg.pack:
+        return packed_rows(np.concatenate(documents), seq_len)
+    return np.stack([padded_row(ids, seq_len, tokenizer.pad_id) for ids in documents])
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_prepared_text_source_gives_the_rows_and_batches_it_gave_in_memory(text_config, build_text, text_file, cache_dir, pack):
+    cfg = text_config(source="text", path=str(text_file), pack=pack)
+    ds = build_text(cfg)
+    for split, rows in (("train", ds.train), ("val", ds.val)):
+        assert np.array_equal(rows.rows(np.arange(len(rows))), reference_rows(cfg, 16, cache_dir, split))
+    train = reference_rows(cfg, 16, cache_dir)
+    expected = [train[indices] for _, indices in islice(shuffled_batches(len(train), 4, 0, 5), 60)]  # across epochs
+    got = list(islice(ds.train_batches(4, start=5), 60))
+    assert all(np.array_equal(a.numpy(), b) for a, b in zip(got, expected)) and len(got) == 60
+
+
+def test_each_rank_reads_its_share_and_the_shares_joined_are_the_one_process_batch(text_config, build_text, text_file):
+    ds = build_text(text_config(source="text", path=str(text_file)))
+    whole = list(islice(ds.train_batches(8, start=3), 40))
+    for ranks in (2, 4):
+        shares = [list(islice(ds.train_batches(8, start=3, part=(rank, ranks)), 40)) for rank in range(ranks)]
+        for k, batch in enumerate(whole):
+            assert all(share[k].shape[0] == 8 // ranks for share in shares)
+            assert np.array_equal(np.concatenate([share[k].numpy() for share in shares]), batch.numpy())
+
+
+def test_rows_across_shards_and_a_saved_epoch_order_give_the_same_batches(tmp_path, text_config, text_file, monkeypatch):
+    """A set cut into many parts (windows across shard ends) reads the rows of one part; a large set's epoch order,
+    kept in the cache once drawn, is the order drawn again."""
+    from blockforge.data import prepare as prepare_module
+    from blockforge.data import prepared as prepared_module
+    from blockforge.data.prepare import Request, prepare
+
+    cfg = text_config(source="text", path=str(text_file))
+    layout = Layout(pack=True, context=16)
+    prepare(Request(cfg, layout), tmp_path / "one", progress=False)
+    monkeypatch.setattr(prepare_module, "PART_CHARS", 300)  # a few documents per part
+    outcome = prepare(Request(cfg, layout), tmp_path / "many", progress=False)
+    assert len(outcome.manifest.splits["train"].shards) > 10
+    one, many = (PreparedTextDataset(PreparedSet.open(tmp_path / name), seq_len=16, vocab=None, seed=0) for name in ("one", "many"))
+    assert np.array_equal(one.train.rows(np.arange(len(one.train))), many.train.rows(np.arange(len(many.train))))
+    monkeypatch.setattr(prepared_module, "SAVED_ORDER_ROWS", 1)
+    saved = PreparedTextDataset(PreparedSet.open(tmp_path / "many"), seq_len=16, vocab=None, seed=0)
+    for _ in range(2):  # drawn and kept, then read back
+        batches = list(islice(saved.train_batches(4, start=len(saved.train)), 5))  # the second epoch
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(batches, islice(one.train_batches(4, start=len(one.train)), 5)))
+    assert list((prepared_module.cache_root() / "prepared" / "orders").glob("order-*.npy"))
+
+
+# ---- training on a prepared set ---------------------------------------------------------------------------
+
+
+def _read(run: Path) -> list:
+    return [(r["step"], r.get("loss"), r.get("val_loss")) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if r["event"] in ("train", "eval")]
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_training_on_a_prepared_set_equals_training_on_the_source_and_resumes_exactly(tmp_path, pack, monkeypatch):
+    """`blockforge prepare` then data.prepared gives the per-step losses of the run that reads the source itself; a run
+    stopped by SIGTERM on it resumes onto the same curve."""
+    import os
+    import signal
+
+    import yaml
+
+    from blockforge.spec import load_recipe
+    from blockforge.train.loop import Trainer, train
+    from tiny_data import tiny_recipe
+
+    recipe = tiny_recipe(tmp_path, steps=12, log_every=1, eval_every=6, checkpoint_every=4, grad_norm_every=0)
+    recipe["data"]["pack"] = pack
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["prepare", str(path), "--out", str(tmp_path / "set"), "--no-progress"]) == 0
+    source = train(load_recipe(path), tmp_path / "source", progress=False)
+    from blockforge.spec.recipe import Assignment
+
+    on_set = load_recipe(path, [Assignment("data.prepared", str(tmp_path / "set"))])
+    reference = train(on_set, tmp_path / "prepared", progress=False)
+    assert _read(tmp_path / "source") == _read(tmp_path / "prepared") and reference.metrics == source.metrics
+    data = json.loads((tmp_path / "prepared" / "data.json").read_text())
+    assert data["prepared"] == str(tmp_path / "set") and data["pack"] is pack
+
+    def preempt(trainer, step):
+        if step.step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopped = Trainer(on_set, tmp_path / "stopped", progress=False, callbacks=[preempt]).run()
+    assert stopped.status == "interrupted" and stopped.step == 7
+    resumed = train(on_set, tmp_path / "stopped", resume=True, progress=False)
+    assert resumed.status == "completed" and _read(tmp_path / "stopped") == _read(tmp_path / "prepared")
+
+
+def test_a_stream_prepared_to_a_budget_trains_as_the_same_documents_read_in_memory(tmp_path, jsonl_file, documents):
+    """A local JSON set read as a `datasets` stream, prepared to --tokens N, holds the stream's first documents in order;
+    a run on it equals a run on exactly those documents read in memory."""
+    import yaml
+
+    from blockforge.data.corpus import validation_score
+    from blockforge.spec import load_recipe
+    from blockforge.spec.recipe import Assignment
+    from blockforge.train.loop import train
+    from tiny_data import TINY_LLAMA
+
+    base = {"model": {**TINY_LLAMA, "depth": 2, "vocab": 300, "context": 16},
+            "train": {"steps": 8, "batch_size": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup": 0.1, "log_every": 1, "eval_every": 8,
+                      "eval_batches": 2, "checkpoint_every": 8}}
+    stream = {**base, "data": {"source": "hf", "dataset": "json", "path": str(jsonl_file), "val_split": None, "val_fraction": 0.2,
+                               "streaming": True, "pack": False, "tokenizer": {"bpe": 300},
+                               "bpe_train_chars": 2000}}  # both BPEs learn from the same first documents
+    (tmp_path / "stream.yaml").write_text(yaml.safe_dump(stream))
+    assert main(["prepare", str(tmp_path / "stream.yaml"), "--out", str(tmp_path / "set"), "--tokens", "480", "--no-progress"]) == 0
+    manifest = json.loads((tmp_path / "set" / "manifest.json").read_text())
+    assert manifest["requested_tokens"] == 480 and manifest["splits"]["train"]["documents"] == 30  # 480 / 16 rows, one per document
+    # The same documents, in memory: the stream's up to its 30th training document (the held-out ones among them too).
+    taken, kept = [], 0
+    for text in documents:
+        taken.append(text)
+        kept += validation_score(text) >= 0.2
+        if kept == 30:
+            break
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in taken))
+    memory = {**stream, "data": {**stream["data"], "path": str(tmp_path / "same.jsonl"), "streaming": False}}
+    (tmp_path / "memory.yaml").write_text(yaml.safe_dump(memory))
+    train(load_recipe(tmp_path / "memory.yaml"), tmp_path / "memory", progress=False)
+    train(load_recipe(tmp_path / "stream.yaml", [Assignment("data.prepared", str(tmp_path / "set"))]), tmp_path / "on-set", progress=False)
+    assert _read(tmp_path / "memory") == _read(tmp_path / "on-set")
+
+
+def test_a_search_file_is_prepared_into_the_folders_its_search_reads(tmp_path, capsys):
+    """For a search file: the data of its base recipe with its overrides, one set per distinct data and layout, under
+    OUT/data/<fingerprint>/; --plan says the figures first."""
+    import yaml
+
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path, steps=10)))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": "base.yaml", "cells": {"model.context": [16, 32]},
+                                                     "space": {"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.5]}}}))
+    assert main(["prepare", str(tmp_path / "s.yaml"), "--plan"]) == 0
+    planned = capsys.readouterr().out
+    assert planned.count("data/") == 2 and "core-hours" in planned and "context=16" in planned
+    assert main(["prepare", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    sets = sorted((tmp_path / "out" / "data").glob("*/manifest.json"))
+    assert len(sets) == 2 and {json.loads(p.read_text())["layout"]["context"] for p in sets} == {16, 32}
+    for path in sets:
+        assert path.parent.name in planned
+
+
+# ---- bad input: one sentence, nothing lost -----------------------------------------------------------------
+
+
+@pytest.fixture
+def prepared(tmp_path, text_config, text_file):
+    """A prepared set of the generated corpus (packed, context 16) and its DataConfig."""
+    from blockforge.data.prepare import Request, prepare
+
+    cfg = text_config(source="text", path=str(text_file))
+    prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "set", progress=False)
+    return tmp_path / "set", cfg
+
+
+def _open(cfg: DataConfig, where, **settings):
+    from blockforge.data.text import build_text_dataset
+
+    settings = {"seq_len": 16, "vocab": 512, "seed": 0, "cache_dir": Path(where).parent / "cache", "run_dir": None, **settings}
+    return build_text_dataset(DataConfig(**{**cfg.__dict__, "prepared": str(where)}), **settings)
+
+
+def test_a_set_for_other_data_is_refused_naming_the_key(prepared):
+    where, cfg = prepared
+    assert len(_open(cfg, where).train) > 0
+    cases = [
+        (dict(), {"seq_len": 32}, "holds rows for model.context 16, but the recipe has 32"),
+        (dict(pack=False), {}, "holds packed rows (data.pack true), but the recipe has data.pack false"),
+        (dict(tokenizer=TokenizerConfig(bpe=400)), {}, 'was prepared with data.tokenizer = {"bpe": 300}, but the recipe has {"bpe": 400}'),
+        (dict(val_fraction=0.3), {}, "was prepared with data.val_fraction = 0.2, but the recipe has 0.3"),
+        (dict(path="other.txt"), {}, "was prepared with data.path = "),
+        (dict(), {"vocab": 100}, "(bpe-300, vocabulary 300), but model.vocab is 100; raise model.vocab"),
+    ]
+    for changes, settings, message in cases:
+        with pytest.raises(DataError) as refused:
+            _open(DataConfig(**{**cfg.__dict__, **changes}), where, **settings)
+        assert str(refused.value).startswith(f"data.prepared: {where} ") and message in str(refused.value), str(refused.value)
+
+
+def test_a_missing_cut_damaged_or_foreign_set_is_one_sentence_naming_the_file(prepared, tmp_path):
+    where, cfg = prepared
+    with pytest.raises(DataError, match=f"^data.prepared: {tmp_path / 'nowhere'} holds no prepared set .there is no manifest.json.; "
+                                        "prepare one with `blockforge prepare RECIPE --out"):
+        _open(cfg, tmp_path / "nowhere")
+    shard = where / "train" / "000000.bin"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-2])
+    with pytest.raises(DataError, match=f"^data.prepared: {where}/train/000000.bin holds {len(data) - 2:,} bytes, not the {len(data):,}"):
+        _open(cfg, where)
+    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # the right size, one bit changed
+    with pytest.raises(DataError, match=f"^data.prepared: {where}/train/000000.bin fails its checksum"):
+        _open(cfg, where)
+    shard.write_bytes(data)
+    assert len(_open(cfg, where).train) > 0
+    manifest = where / "manifest.json"
+    for garbage, why in (("{not json", "it does not read as JSON"), ('{"kind": "something else"}', "it does not say it is one"),
+                         (json.dumps({**json.loads(manifest.read_text()), "format": 99}), "format 99")):
+        saved = manifest.read_text()
+        manifest.write_text(garbage)
+        with pytest.raises(DataError, match=f"^data.prepared: {where}/manifest.json is not the manifest of a prepared set .{why}"):
+            _open(cfg, where)
+        manifest.write_text(saved)
+
+
+def test_an_interrupted_preparation_publishes_nothing_and_a_rerun_continues_by_part(tmp_path, text_config, text_file, monkeypatch):
+    from blockforge.data import prepare as prepare_module
+    from blockforge.data.prepare import Request, prepare
+    from blockforge.errors import WriteError
+
+    cfg = text_config(source="text", path=str(text_file))
+    monkeypatch.setattr(prepare_module, "PART_CHARS", 2000)
+    real, runs, failed = prepare_module.run_part, [], []
+
+    def failing(part, job, texts=None):
+        runs.append(part.name)
+        if len(runs) == 3 and not failed:
+            failed.append(part.name)
+            raise WriteError(f"{tmp_path / 'set'}: cannot write part {part.name} of the prepared set (No space left on device); free space")
+        return real(part, job, texts)
+
+    monkeypatch.setattr(prepare_module, "run_part", failing)
+    with pytest.raises(WriteError, match="No space left on device"):
+        prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "set", progress=False)
+    assert not (tmp_path / "set" / "manifest.json").exists() and len(list((tmp_path / "set" / "parts").glob("*.json"))) == 2
+    runs.clear()
+    outcome = prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "set", progress=False)
+    assert outcome.parts_resumed == 2 and len(runs) == outcome.parts_done and runs[0] not in ("train-000000", "train-000001")
+    monkeypatch.setattr(prepare_module, "run_part", real)
+    whole = prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "whole", progress=False)
+    assert outcome.manifest.splits == whole.manifest.splits  # the same shards, the same checksums
+    assert not list((tmp_path / "set").glob(".staging-*"))
+
+
+def test_a_full_disk_while_preparing_is_one_sentence_and_a_rerun_continues(tmp_path):
+    """A file size limit stands in for a full disk: the write fails, `blockforge prepare` says so in one line, publishes
+    nothing, and once there is room the same command finishes what is left."""
+    import resource
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path, steps=10)))  # a training shard of ~70 kB
+    command = [sys.executable, "-m", "blockforge", "prepare", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "set"), "--no-progress",
+               "--workers", "1"]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # noqa: E731 - the tokenizer fits, a shard does not
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot write" in done.stderr and "the preparation continues where it stopped" in done.stderr
+    assert not (tmp_path / "set" / "manifest.json").exists()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and (tmp_path / "set" / "manifest.json").exists(), done.stderr
+
+
+def test_two_preparations_of_one_folder_and_a_stream_that_ends_early_are_refused(tmp_path, text_config, text_file, jsonl_file):
+    from blockforge.data.prepare import Request, prepare
+    from blockforge.errors import FolderInUseError
+
+    import subprocess
+    import sys
+
+    cfg = text_config(source="text", path=str(text_file))
+    (tmp_path / "set").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from blockforge.lock import RunLock; "
+                               "RunLock(sys.argv[1], 'prepare.lock', 'preparing a data set in it').acquire(); print('held', flush=True); "
+                               "time.sleep(600)", str(tmp_path / "set")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUseError, match=f"^{tmp_path / 'set'}: is in use by process {holder.pid} on .* which is preparing a "
+                                                   "data set in it; wait for it to end"):
+            prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "set", progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "set", progress=False).parts_done == 2  # its holder gone
+    stream = text_config(source="hf", dataset="json", path=str(jsonl_file), val_split=None, streaming=True)
+    with pytest.raises(DataError, match=r"^data.dataset: the stream 'json' \(split 'train'\) ended after [\d,]+ tokens, [\d,]+ rows of "
+                                        r"model.context 16 \([\d,]+ training tokens\), fewer than the 1,000,000 asked for; ask for at most"):
+        prepare(Request(stream, Layout(pack=True, context=16), tokens=1_000_000), tmp_path / "stream", progress=False)
+    assert not (tmp_path / "stream" / "manifest.json").exists()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    from blockforge.errors import BlockforgeError
+
+    with pytest.raises(BlockforgeError, match=f"^{tmp_path / 'other'}: is not empty and holds no prepared set"):
+        prepare(Request(cfg, Layout(pack=True, context=16)), tmp_path / "other", progress=False)
+
+
+def test_prepare_flags_are_one_sentence(tmp_path, capsys):
+    import yaml
+
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
+    cases = [
+        (["prepare", str(tmp_path / "r.yaml")], "--out: say where the prepared set goes"),
+        (["prepare", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "o"), "--tokens", "1M"], "--tokens: data.source text is finite"),
+        (["prepare", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "o"), "--tokens", "lots"], "'lots' is not a count of tokens"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
