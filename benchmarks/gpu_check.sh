@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one command, for a machine with one CUDA GPU and PyTorch, transformers, timm and
 # pytest already installed (blockforge runs from this checkout; ray, optuna, datasets and gguf are not
-# needed for these checks). Each stage has its own time limit, and its log lands in $OUT (default
-# runs/gpu-check). STAGES picks stages (default: all three, in this order).
+# needed for these checks; the data stage's streaming row runs only where `datasets` imports). Each stage has its own
+# time limit, and its log lands in $OUT (default runs/gpu-check). STAGES picks stages (default: all four, in this order).
 #
 #     bash benchmarks/gpu_check.sh
 #     STAGES="tests train" bash benchmarks/gpu_check.sh
@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZER
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, transformers, timm; print("torch", torch.__version__, "transformers", transformers.__version__, "timm", timm.__version__)'
 
-STAGES=${STAGES:-tests throughput train}
+STAGES=${STAGES:-tests throughput data train}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if stage tests; then
@@ -27,6 +27,59 @@ if stage throughput; then
   echo "== throughput against transformers and timm"
   timeout "${THROUGHPUT_LIMIT:-330}" python3 benchmarks/gpu_throughput.py --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log"
   echo "throughput rc ${PIPESTATUS[0]}"
+fi
+
+if stage data; then
+  echo "== the Trainer at 130M on a prepared set, against the synthetic-batch figure of the throughput stage"
+  timeout "${DATA_LIMIT:-300}" python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/data.log"
+import json, os, pathlib, subprocess, sys, time
+
+out = pathlib.Path(sys.argv[1])
+recipe = os.environ.get("DATA_RECIPE", "recipes/llama-130m-pre.yaml")
+device, batch, steps = os.environ.get("DEVICE", "cuda"), int(os.environ.get("DATA_BATCH", "64")), int(os.environ.get("DATA_STEPS", "60"))
+sets = ["--set", "data.source=builtin", "--set", "data.tokenizer={bpe: 8192}", "--set", "data.pack=true", "--set", "model.vocab=32000"]
+run_sets = sets + ["--set", f"train.device={device}", "--set", f"train.steps={steps}", "--set", f"train.batch_size={batch}",
+                   "--set", f"train.micro_batch_size={batch}", "--set", "train.log_every=10", "--set", f"train.eval_every={steps}",
+                   "--set", "train.eval_batches=2", "--set", f"train.checkpoint_every={steps}", "--set", "train.grad_norm_every=0"]
+bf = [sys.executable, "-m", "blockforge"]
+started = time.perf_counter()
+subprocess.run(bf + ["prepare", recipe, *sets, "--out", "/tmp/gpu-data-set", "--workers", "1", "--no-progress"], check=True)
+print(f"prepared the builtin corpus in {time.perf_counter() - started:.1f} s")
+
+def rate(run):
+    rows = [json.loads(l) for l in pathlib.Path(run, "metrics.jsonl").read_text().splitlines() if l.strip()]
+    train = [r["tok_per_s"] for r in rows if r["event"] == "train" and r["step"] > 10]  # after the first records' warm-up
+    return sum(train) / len(train)
+
+subprocess.run(bf + ["train", recipe, *run_sets, "--set", "data.prepared=/tmp/gpu-data-set", "--out", "/tmp/gpu-data-prepared",
+                     "--no-progress"], check=True)
+prepared = rate("/tmp/gpu-data-prepared")
+line = {"prepared_tok_per_s": prepared}
+synthetic_file = out / "throughput.json"
+if synthetic_file.exists():
+    rows = {r["model"]: r for r in json.loads(synthetic_file.read_text())["rows"]}
+    synthetic = rows.get("llama-130m blockforge pre", {}).get("tok_or_img_per_s")
+    if synthetic:
+        line.update(synthetic_tok_per_s=synthetic, prepared_vs_synthetic=prepared / synthetic)
+try:
+    import datasets  # noqa: F401
+except ImportError:
+    line["streaming"] = "not run: datasets is not installed here"
+else:
+    docs = pathlib.Path("/tmp/gpu-data-docs.jsonl")
+    from blockforge.data.corpus import builtin_documents
+    from blockforge.storage import cache_root
+    texts, _ = builtin_documents(cache_root())
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    stream = ["--set", "data.source=hf", "--set", "data.dataset=json", "--set", f"data.path={docs}", "--set", "data.val_split=null",
+              "--set", "data.streaming=true"]
+    subprocess.run(bf + ["train", recipe, *run_sets, *stream, "--out", "/tmp/gpu-data-streaming", "--no-progress"], check=True)
+    line["streaming_tok_per_s"] = rate("/tmp/gpu-data-streaming")
+    line["prepared_vs_streaming"] = prepared / line["streaming_tok_per_s"]
+print("data:", json.dumps(line))
+(out / "data.json").write_text(json.dumps(line, indent=1))
+PY
+  echo "data rc ${PIPESTATUS[0]}"
 fi
 
 stage train || exit 0

@@ -64,3 +64,17 @@ def test_the_multi_cell_replay_scores_both_searches_against_a_known_grid(tmp_pat
     assert rows["guided"]["depth=12"]["flops"] < rows["unguided"]["depth=12"]["flops"]
     assert [rows["guided"][c]["flops"] for c in ("depth=4", "depth=6", "depth=8")] == \
         [rows["unguided"][c]["flops"] for c in ("depth=4", "depth=6", "depth=8")]  # the guiding cells are searched in full
+
+
+@pytest.mark.slow
+def test_the_data_throughput_benchmark_measures_every_path(tmp_path):
+    out = tmp_path / "data.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "data_throughput.py"), "--documents", "3000", "--files", "4", "--batches", "1",
+               "--resume-rows", "20000", "--steps", "5", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["paths"]["prepared_tokens_per_s"] > result["paths"]["streaming_tokens_per_s"] > 0
+    assert result["preparation"]["two_workers"]["tokens_encoded"] == result["preparation"]["one_worker"]["tokens_encoded"] > 0
+    assert set(result["resume"]["order_saved_s"]) == {"0", "1000", "1000000", "100000000"}
+    assert "| prepared set, tokens of rows/s per core" in done.stdout

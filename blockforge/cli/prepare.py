@@ -156,14 +156,22 @@ def _plan(args: argparse.Namespace, requests: list, search: str | None) -> str:
         rate = measure_rate(request)
         if request.streamed:
             rows = request.layout.rows_for(request.tokens)
-            why = f" (what {entry.largest}'s longest trial trains on)" if entry is not None and args.tokens is None else ""
+            why = f" (the longest trial: {entry.largest})" if entry is not None and args.tokens is None else ""
             lines.append(f"  training: {request.tokens:,} tokens{why} = {rows:,} rows; validation: up to {VAL_TOKENS:,} tokens")
         else:
             lines.append(f"  the whole source: about {rate.work(request):,.0f} tokens (it repeats in epochs as it trains)")
         core_hours = rate.work(request) / rate.tokens_per_s / 3600
-        lines.append(f"  preparing: {core_hours:,.2f} core-hours at {rate.tokens_per_s:,.0f} tokens/s per core ({rate.note}); "
+        documents = ""
+        if request.streamed and not request.layout.pack:
+            documents = (f"; its documents average {rate.document_tokens:,.0f} tokens, each tokenized whole" if rate.document_tokens
+                         else f"; at least: each document is tokenized whole, and its mean length is not known here (counted as {request.layout.context + 1})")
+        lines.append(f"  preparing: {_hours(core_hours)} core-hours at {rate.tokens_per_s:,.0f} tokens/s per core ({rate.note}{documents}); "
                      f"about {_duration(core_hours * 3600 / workers)} on {workers} worker(s)")
     return "\n".join(lines)
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.1f}" if hours >= 10 else f"{hours:.2g}"
 
 
 def _duration(seconds: float) -> str:

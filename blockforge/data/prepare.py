@@ -281,6 +281,7 @@ class ShardWriter:
 
 def run_part(part: Part, job: Job, texts: list[str] | None = None) -> dict[str, Any]:
     """Tokenize one part and put its shard files, counts and record into the set's folder; returns the record."""
+    started, cpu = time.perf_counter(), time.process_time()
     storage = Storage.open(job.out)
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     if job.one_core:
@@ -295,7 +296,8 @@ def run_part(part: Part, job: Job, texts: list[str] | None = None) -> dict[str, 
                        for split in part.outputs}
             ended = _fill(part, job, tokenizer, writers, texts)
             outputs = {split: writer.close() for split, writer in writers.items()}
-        record = {"part": part.name, "ended": ended, "outputs": {}}
+        record = {"part": part.name, "ended": ended, "outputs": {}, "seconds": round(time.perf_counter() - started, 3),
+                  "cpu_seconds": round(time.process_time() - cpu, 3), "host": socket.gethostname()}
         for split, output in outputs.items():
             if output["documents"] == 0:
                 continue  # nothing of this split in the part (a shard without held-out documents)
@@ -854,7 +856,7 @@ class Rate:
     """What preparing a request costs, from a sample of its source: the tokenizer's rate on one core and document sizes."""
 
     tokens_per_s: float
-    document_tokens: float  # a whole document's tokens, on average
+    document_tokens: float | None  # a whole document's tokens, on average (None: not measured)
     source_tokens: float | None  # a finite source: about how many tokens it holds (its characters at the sample's ratio)
     note: str  # how the figures were obtained
 
@@ -864,8 +866,10 @@ class Rate:
         if not request.streamed:
             return self.source_tokens or 0.0
         rows = request.layout.rows_for(request.tokens)
-        train = rows * request.layout.context if request.layout.pack else rows * self.document_tokens
-        return train + VAL_TOKENS
+        if request.layout.pack:
+            return rows * request.layout.context + VAL_TOKENS
+        # Every document is tokenized whole and cut to its row: unmeasured, a document at least fills its row.
+        return rows * max(self.document_tokens or 0.0, request.layout.context + 1) + VAL_TOKENS
 
 
 def measure_rate(request: Request, sample_chars: int = SAMPLE_CHARS) -> Rate:
@@ -885,7 +889,7 @@ def measure_rate(request: Request, sample_chars: int = SAMPLE_CHARS) -> Rate:
         else:
             tokenizer = bpe_tokenizer(texts, cfg.tokenizer.bpe, cache_root())
     except DataError as err:
-        return Rate(ASSUMED_RATE, 0.0, None, f"assumed, not measured: {str(err).split(';')[0]}")
+        return Rate(ASSUMED_RATE, None, None, f"assumed, not measured: {str(err).split(';')[0]}")
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core
     try:

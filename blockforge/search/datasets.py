@@ -27,7 +27,7 @@ class SearchSet:
 
     request: Request
     cells: tuple[str, ...]
-    largest: str  # the cell whose longest trial trains on the most tokens of it
+    largest: str  # which trial trains on the most tokens of it: "CELL: STEPS steps x BATCH x CONTEXT"
 
     @property
     def rel(self) -> str:
@@ -57,7 +57,9 @@ def search_sets(plan, tokens: int | None = None) -> list[SearchSet]:
             entry = found.setdefault(key, {"recipe": recipe, "tokens": 0, "vocab": recipe.spec.vocab, "cells": [], "largest": name})
             tokens = trial_tokens(plan, name, recipe)
             if tokens > entry["tokens"]:
-                entry["tokens"], entry["largest"] = tokens, name
+                steps = tokens // (recipe.train.batch_size * recipe.spec.context)
+                entry["tokens"] = tokens
+                entry["largest"] = f"{name}: {steps:,} steps x {recipe.train.batch_size} x {recipe.spec.context}"
             entry["vocab"] = min(entry["vocab"], recipe.spec.vocab)
             if name not in entry["cells"]:
                 entry["cells"].append(name)

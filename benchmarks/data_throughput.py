@@ -1,0 +1,326 @@
+"""Data throughput on CPU: the in-loop streaming path against a prepared set, as ratios measured in one run.
+
+A C4-like local set is written first: JSON lines of 100-700 words each (sentences drawn from the builtin corpus, the
+standard library's documentation), in several files (a stream's shards), read through `datasets` streaming as the
+paper recipes read C4; a BPE of 8192; rows of 256 tokens, one document each (the paper's unpacked layout), batches
+of 512 rows. Then, each figure from process CPU time (per core) unless said otherwise:
+
+  1. tokens of rows per second per core: StreamingTextDataset (reads JSON and tokenizes in the loop) against a
+     prepared set of the same stream (read by index);
+  2. preparation: tokens per second with 1 and 2 workers (wall clock; 2 workers as Ray tasks), and one worker's rate
+     per core against the tokenizer's own batch rate on the same documents;
+  3. resume: the time to the first batch after a resume at data positions 0, 10^3, 10^6 and 10^8 of a set of
+     --resume-rows rows (the epoch order read from the node's cache, as a run on the same node finds it, and drawn
+     anew, as on another node), and the streaming path's first batch after a resume at batch 0 and 60;
+  4. the step never waits for data it could have had: a stand-in step of fixed length (a sleep, which leaves the
+     CPU to the reader as a GPU step does) fed through the loop's feed, for the prepared and the streaming path.
+
+Targets: reading a prepared set >= 10M tokens/s per core; resume flat within 2x across positions and under 1 s;
+step time <= 1.05 x max(step, data); preparation per core >= 80% of the tokenizer's batch rate.
+
+    python benchmarks/data_throughput.py                 # about 70 s on two cores
+    python benchmarks/data_throughput.py --documents 80000 --json runs/data-throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+BATCH, CONTEXT, BPE = 512, 256, 8192
+
+
+def write_c4_like(folder: Path, documents: int, files: int, seed: int = 0) -> list[str]:
+    """JSON-lines files of documents of 100-700 words, made of the builtin corpus's sentences; their paths."""
+    from blockforge.data.corpus import builtin_documents
+    from blockforge.storage import cache_root
+
+    texts, _ = builtin_documents(cache_root())
+    sentences = [s.strip() + "." for text in texts for s in text.replace("\n", " ").split(". ") if len(s.split()) >= 4]
+    rng = random.Random(seed)
+    paths = [folder / f"c4-like-{i:02d}.jsonl" for i in range(files)]
+    outs = [open(p, "w") for p in paths]
+    for i in range(documents):
+        words, parts = rng.randint(100, 700), []
+        while sum(len(p.split()) for p in parts) < words:
+            parts.append(rng.choice(sentences))
+        outs[i % files].write(json.dumps({"text": " ".join(parts), "id": i}) + "\n")
+    for out in outs:
+        out.close()
+    return [str(p) for p in paths]
+
+
+def data_config(paths: list[str]):
+    from blockforge.data import DataConfig, TokenizerConfig
+
+    return DataConfig(source="hf", dataset="json", path=paths, val_split=None, streaming=True, pack=False,
+                      tokenizer=TokenizerConfig(bpe=BPE), bpe_train_chars=20_000_000)
+
+
+def cpu_per_batch(batches, count: int) -> float:
+    """Process CPU seconds per batch over `count` batches (after one to warm up)."""
+    next(batches)
+    started = time.process_time()
+    for _ in range(count):
+        next(batches)
+    return (time.process_time() - started) / count
+
+
+def measure_paths(cfg, prepared: Path, batches: int) -> dict:
+    from blockforge.data.prepared import PreparedSet, PreparedTextDataset
+    from blockforge.data.text import StreamingTextDataset
+    from blockforge.storage import cache_root
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core: per-core figures
+    stream = StreamingTextDataset(cfg, seq_len=CONTEXT, vocab=BPE, seed=0, cache_dir=cache_root())
+    stream_s = cpu_per_batch(stream.train_batches(BATCH), batches)
+    ready = PreparedTextDataset(PreparedSet.open(prepared), seq_len=CONTEXT, vocab=BPE, seed=0)
+    ready_s = cpu_per_batch(ready.train_batches(BATCH), batches * 10)
+    tokens = BATCH * CONTEXT
+    return {"streaming_cpu_s_per_batch": stream_s, "prepared_cpu_s_per_batch": ready_s,
+            "streaming_tokens_per_s": tokens / stream_s, "prepared_tokens_per_s": tokens / ready_s, "ratio": stream_s / ready_s}
+
+
+def measure_preparation(cfg, folder: Path, tokens: int) -> dict:
+    """Prepare the stream to `tokens` with 1 worker (this process, one core) and 2 (Ray tasks), the tokenizer given (a BPE is
+    trained once, before either); and the tokenizer alone on the same documents."""
+    from blockforge.data.prepare import InProcess, RayWorkers, Request, _stream_training_texts, prepare
+    from blockforge.data.prepared import Layout
+    from blockforge.data.tokenizer import build_tokenizer
+    from blockforge.search.driver import ensure_ray, stop_ray
+    from blockforge.storage import cache_root
+
+    request = Request(cfg, Layout(pack=False, context=CONTEXT), BPE, tokens)
+    tokenizer = build_tokenizer(cfg.tokenizer, _stream_training_texts(cfg), max_chars=cfg.bpe_train_chars, cache_dir=cache_root(), vocab=BPE)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    out = {}
+    started = time.perf_counter()
+    one = prepare(request, folder / "one", workers=InProcess(), progress=False, tokenizer=tokenizer)
+    out["one_worker"] = _rates(folder / "one", time.perf_counter() - started)
+    ensure_ray(None)
+    try:
+        workers = RayWorkers(2)
+        warm = workers.ray.remote(num_cpus=1)(_import_preparation)
+        workers.ray.get([warm.remote() for _ in range(2)])  # two worker processes started and importing before the clock
+        started = time.perf_counter()
+        two = prepare(request, folder / "two", workers=workers, progress=False, tokenizer=tokenizer)
+        out["two_workers"] = _rates(folder / "two", time.perf_counter() - started)
+    finally:
+        stop_ray()
+    assert one.manifest.splits == two.manifest.splits, "1 and 2 workers prepared different sets"
+    texts = list(islice(_stream_texts(cfg), sum(r["documents"] for r in out["one_worker"]["parts"])))
+    started = time.process_time()
+    encoded = sum(len(ids) for ids in tokenizer.encode_documents(texts))
+    out["tokenizer_tokens_per_cpu_s"] = encoded / (time.process_time() - started)
+    out["preparation_per_core_vs_tokenizer"] = out["one_worker"]["tokens_per_cpu_s"] / out["tokenizer_tokens_per_cpu_s"]
+    out["two_vs_one_worker"] = out["two_workers"]["tokens_per_s"] / out["one_worker"]["tokens_per_s"]
+    return out
+
+
+def _import_preparation() -> None:
+    import blockforge.data.prepare  # noqa: F401
+
+
+def _rates(folder: Path, wall: float) -> dict:
+    """A preparation's rates from its parts' records: tokens encoded (documents whole) per second of wall clock, and per CPU
+    second of the workers (each part's process CPU time)."""
+    parts = []
+    for path in sorted((folder / "parts").glob("*.json")):
+        record = json.loads(path.read_text())
+        parts.append({"part": record["part"], "documents": sum(o["documents"] for o in record["outputs"].values()),
+                      "tokens": sum(o["source_tokens"] for o in record["outputs"].values()), "cpu_s": record["cpu_seconds"],
+                      "s": record["seconds"]})
+    encoded = sum(p["tokens"] for p in parts)
+    return {"wall_s": wall, "tokens_encoded": encoded, "tokens_per_s": encoded / wall,
+            "tokens_per_cpu_s": encoded / sum(p["cpu_s"] for p in parts), "parts": parts}
+
+
+def _stream_texts(cfg):
+    from blockforge.data.corpus import hf_texts, open_hf_split
+
+    return hf_texts(open_hf_split(cfg, cfg.split, streaming=True), cfg)
+
+
+def synthetic_set(folder: Path, rows: int, tokenizer_from: Path) -> Path:
+    """A packed set of `rows` rows of random ids, written directly (for resume times at a large row count)."""
+    from blockforge.data.prepared import FORMAT, MANIFEST, TOKENIZER, sha256_file
+
+    folder.mkdir(parents=True)
+    shutil.copytree(tokenizer_from / TOKENIZER, folder / TOKENIZER)
+    manifest = json.loads((tokenizer_from / MANIFEST).read_text())
+    tokens = rows * CONTEXT + 1
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, count in (("train", tokens), ("val", 4 * CONTEXT + 1)):
+        (folder / split).mkdir()
+        bin_path, idx_path = folder / split / "000000.bin", folder / split / "000000.idx"
+        with open(bin_path, "wb") as f:
+            for start in range(0, count, 2**24):
+                f.write(rng.integers(2, BPE, size=min(2**24, count - start), dtype=np.uint16).tobytes())
+        idx_path.write_bytes(np.array([0, count], dtype=np.int64).tobytes())
+        files = {kind: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for kind, p in (("bin", bin_path), ("idx", idx_path))}
+        splits[split] = {"shards": [{"name": f"{split}/000000", "documents": 1, "tokens": count, "files": files}], "documents": 1,
+                         "tokens": count, "source_tokens": count}
+    manifest.update(format=FORMAT, layout={"pack": True, "context": CONTEXT}, splits=splits, requested_tokens=None)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def first_batch_s(folder: Path, position: int) -> float:
+    """Seconds from opening the set (as a resumed run does) to its first batch at data position `position` (in rows)."""
+    from blockforge.data.prepared import PreparedSet, PreparedTextDataset
+
+    started = time.perf_counter()
+    data = PreparedTextDataset(PreparedSet.open(folder), seq_len=CONTEXT, vocab=BPE, seed=0)
+    next(data.train_batches(BATCH, start=position // BATCH))
+    return time.perf_counter() - started
+
+
+def measure_resume(folder: Path, cfg) -> dict:
+    from blockforge.data.batching import epoch_order
+    from blockforge.data.text import StreamingTextDataset
+    from blockforge.storage import cache_root
+
+    positions = [0, 10**3, 10**6, 10**8]
+    first_batch_s(folder, 0)  # the checksums checked once on this node, as for any run after the first
+    orders = cache_root() / "prepared" / "orders"
+    drawn, saved = {}, {}
+    for p in positions:
+        shutil.rmtree(orders, ignore_errors=True)  # another node: the epoch's order is drawn (and kept)
+        drawn[p] = first_batch_s(folder, p)
+        saved[p] = first_batch_s(folder, p)  # this node again: the order it kept is read
+    n = 51_200_000  # the paper's 1B: 100,000 steps of 512 documents
+    started = time.perf_counter()
+    epoch_order(n, 0, 0)
+    paper_draw = time.perf_counter() - started
+    stream = StreamingTextDataset(cfg, seq_len=CONTEXT, vocab=BPE, seed=0, cache_dir=cache_root())
+    stream_first = {}
+    for batch in (0, 60):
+        started = time.process_time()
+        next(stream.train_batches(BATCH, start=batch))
+        stream_first[batch] = time.process_time() - started
+    return {"positions": positions, "order_saved_s": saved, "order_drawn_s": drawn, "paper_1b_order_draw_s": paper_draw,
+            "streaming_first_batch_cpu_s": stream_first}
+
+
+def measure_overlap(cfg, prepared: Path, steps: int) -> dict:
+    """Wall time per step of a stand-in step (a sleep) fed through the loop's Feed, against max(step, data)."""
+    import torch
+
+    from blockforge.data.prepared import PreparedSet, PreparedTextDataset
+    from blockforge.data.text import StreamingTextDataset
+    from blockforge.storage import cache_root
+    from blockforge.train.feed import Feed
+
+    out = {}
+    ready = PreparedTextDataset(PreparedSet.open(prepared), seq_len=CONTEXT, vocab=BPE, seed=0)
+    stream = StreamingTextDataset(cfg, seq_len=CONTEXT, vocab=BPE, seed=0, cache_dir=cache_root())
+    for name, data, batch, step_s in (("prepared", ready, BATCH, 0.05), ("streaming", stream, 64, 0.05)):
+        batches = data.train_batches(batch)
+        data_s = _wall_per_batch(batches, steps)  # the data alone, one after another
+        feed = Feed(data.train_batches(batch), torch.device("cpu"))
+        next(feed)
+        started = time.perf_counter()
+        for _ in range(steps):
+            next(feed)
+            time.sleep(step_s)
+        per_step = (time.perf_counter() - started) / steps
+        feed.close()
+        out[name] = {"rows_per_batch": batch, "step_s": step_s, "data_s": data_s, "fed_step_s": per_step,
+                     "serial_s": step_s + data_s, "vs_max": per_step / max(step_s, data_s)}
+    return out
+
+
+def _wall_per_batch(batches, count: int) -> float:
+    next(batches)
+    started = time.perf_counter()
+    for _ in range(count):
+        next(batches)
+    return (time.perf_counter() - started) / count
+
+
+def report(results: dict) -> str:
+    p, prep, r, o = results["paths"], results["preparation"], results["resume"], results["overlap"]
+    rows = [
+        ("streaming path, tokens of rows/s per core", f"{p['streaming_tokens_per_s']:,.0f}", ""),
+        ("prepared set, tokens of rows/s per core", f"{p['prepared_tokens_per_s']:,.0f}",
+         _target(p["prepared_tokens_per_s"] >= 10e6, ">= 10M")),
+        ("prepared / streaming", f"{p['ratio']:,.0f}x", ""),
+        ("preparation, 1 worker (tokens/s, wall)", f"{prep['one_worker']['tokens_per_s']:,.0f}", ""),
+        ("preparation, 2 workers (tokens/s, wall)", f"{prep['two_workers']['tokens_per_s']:,.0f}", f"{prep['two_vs_one_worker']:.2f}x of 1"),
+        ("tokenizer alone, tokens/s per core", f"{prep['tokenizer_tokens_per_cpu_s']:,.0f}", ""),
+        ("preparation per core / tokenizer", f"{prep['preparation_per_core_vs_tokenizer']:.0%}",
+         _target(prep["preparation_per_core_vs_tokenizer"] >= 0.8, ">= 80%")),
+    ]
+    saved, drawn = r["order_saved_s"], r["order_drawn_s"]
+    for pos in r["positions"]:
+        rows.append((f"resume at position {pos:.0e}: first batch (order kept / drawn)", f"{saved[pos]:.3f} s / {drawn[pos]:.3f} s", ""))
+    flat = max(saved.values()) / min(saved.values())
+    flat_drawn = max(drawn.values()) / min(drawn.values())
+    rows.append(("resume, slowest / fastest position (kept / drawn)", f"{flat:.2f}x / {flat_drawn:.2f}x",
+                 _target(flat <= 2 and flat_drawn <= 2 and max(*saved.values(), *drawn.values()) < 1, "<= 2x, < 1 s")))
+    rows.append(("drawing the paper 1B's epoch order (51.2M rows)", f"{r['paper_1b_order_draw_s']:.2f} s", "once per epoch and node"))
+    stream_first = r["streaming_first_batch_cpu_s"]
+    rows.append(("streaming path: first batch at batch 0 / 60 (CPU s)", f"{stream_first[0]:.2f} / {stream_first[60]:.2f}", ""))
+    for name, row in o.items():
+        rows.append((f"{name}: step {row['step_s'] * 1e3:.0f} ms, data {row['data_s'] * 1e3:.1f} ms per {row['rows_per_batch']} rows -> fed step",
+                     f"{row['fed_step_s'] * 1e3:.1f} ms ({row['vs_max']:.3f} x max)", _target(row["vs_max"] <= 1.05, "<= 1.05")))
+    width = max(len(a) for a, _, _ in rows)
+    lines = [f"| {'measure':<{width}} | value | target |", f"| {'-' * width} | --- | --- |"]
+    lines += [f"| {a:<{width}} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def _target(ok: bool, target: str) -> str:
+    return f"{target}: {'met' if ok else 'NOT MET'}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=20_000, help="documents of the C4-like set (the issue's: 80,000)")
+    parser.add_argument("--files", type=int, default=8, help="files (a stream's shards) they are written into")
+    parser.add_argument("--batches", type=int, default=3, help="streaming batches of 512 rows to time")
+    parser.add_argument("--resume-rows", type=int, default=2**22, help="rows of the set resume is timed on")
+    parser.add_argument("--steps", type=int, default=40, help="stand-in steps timed")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="blockforge-data-bench-"))
+    os.environ["BLOCKFORGE_CACHE"] = str(work / "cache")
+    try:
+        import datasets
+
+        datasets.config.HF_DATASETS_CACHE = str(work / "hf")
+        cfg = data_config(write_c4_like(work, args.documents, args.files))
+        tokens = args.documents * 6 // 10 * CONTEXT  # 60% of the documents, one row each (the rest is held out or left)
+        if (args.batches + 2) * BATCH * CONTEXT > tokens:
+            parser.error(f"--documents {args.documents} is too few for --batches {args.batches} of {BATCH} rows")
+        results = {"documents": args.documents, "files": args.files, "cpus": os.cpu_count()}
+        print(f"C4-like set: {args.documents:,} documents in {args.files} files; preparing {tokens:,} training tokens", flush=True)
+        results["preparation"] = measure_preparation(cfg, work, tokens)
+        print(json.dumps(results["preparation"], indent=1), flush=True)
+        results["paths"] = measure_paths(cfg, work / "one", args.batches)
+        print(json.dumps(results["paths"], indent=1), flush=True)
+        big = synthetic_set(work / "big", args.resume_rows, work / "one")
+        results["resume"] = measure_resume(big, cfg)
+        print(json.dumps(results["resume"], indent=1, default=str), flush=True)
+        results["overlap"] = measure_overlap(cfg, work / "one", args.steps)
+        print(json.dumps(results["overlap"], indent=1), flush=True)
+        print(report(results))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
