@@ -100,8 +100,7 @@ def _workers(args: argparse.Namespace, requests: list):
     from blockforge.data.prepare import InProcess, RayWorkers, part_count
 
     wanted = args.workers or (None if args.address else os.cpu_count() or 1)
-    parts = max(part_count(request) for request, _, _ in requests)
-    if args.address is None and (wanted == 1 or parts <= 1):
+    if args.address is None and (wanted == 1 or max(part_count(request) for request, _, _ in requests) <= 1):
         return InProcess(), False
     from blockforge.search.driver import ensure_ray
 

@@ -40,9 +40,13 @@ def run(args: argparse.Namespace) -> int:
 
         if args.resume or args.address:
             raise BlockforgeError("--plan runs nothing: drop --resume and --address")
+        from blockforge.search.datasets import describe_sets
+
         plan = load_search(args.file, args.overrides)
         print(format_plan(plan, search_plan(plan), gpu=args.gpu, gpus=args.gpus, mfu=DEFAULT_MFU if args.mfu is None else args.mfu,
                           concurrency=args.max_concurrent or plan.max_concurrent))
+        for line in describe_sets(plan):
+            print(line)
         return 0
     outcome = run_search(args.file, out=args.out, address=args.address, resume=args.resume, max_concurrent=args.max_concurrent,
                          overrides=args.overrides)

@@ -526,6 +526,11 @@ def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | Ra
                        parts_resumed=resumed, seconds=time.perf_counter() - started)
 
 
+def set_prepared(storage: Storage, request: Request) -> bool:
+    """Whether `storage` holds `request`'s set already (another set there is refused, as prepare refuses it)."""
+    return _existing(storage, request) is not None
+
+
 def _existing(storage: Storage, request: Request) -> Manifest | None:
     """The set the folder holds, if it is this request's; a set of anything else is refused."""
     data = storage.read_bytes(MANIFEST)
@@ -908,10 +913,10 @@ def measure_rate(request: Request, sample_chars: int = SAMPLE_CHARS) -> Rate:
 
 
 def part_count(request: Request) -> int:
-    """How many parts preparing `request` cuts its work into (a stream: its shards; a finite source: its chunks)."""
+    """How many parts of the training text preparing `request` runs (a stream: its shards; a finite source: its chunks).
+    One part gains nothing from workers elsewhere: a caller prepares it in its own process."""
     if request.streamed:
         from blockforge.data.corpus import open_hf_split
 
         return open_hf_split(request.data, request.data.split, streaming=True).num_shards
-    corpus = _load_corpus(request.data)
-    return sum(1 for texts in (corpus.train, corpus.val) for _ in _chunks(texts, PART_CHARS))
+    return sum(1 for _ in _chunks(_load_corpus(request.data).train, PART_CHARS))

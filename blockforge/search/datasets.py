@@ -73,15 +73,33 @@ def search_sets(plan, tokens: int | None = None) -> list[SearchSet]:
     return sets
 
 
+def describe_sets(plan) -> list[str]:
+    """A line per set the plan's trials read: what it holds and where the search prepares it (part of a compute plan)."""
+    lines = []
+    for entry in search_sets(plan):
+        request, data = entry.request, entry.request.data
+        source = {"builtin": "the builtin corpus", "text": "local text files", "hf": f"{data.dataset}"}[data.source]
+        size = (f"{request.tokens:,} training tokens ({entry.largest})" if request.streamed else "the whole source")
+        lines.append(f"data: {source}{', streamed' if request.streamed else ''}, {request.layout.name} rows of {request.layout.context}: "
+                     f"{size}, prepared once into {entry.rel}/ before the first trial unless it is there "
+                     f"(`blockforge prepare {plan.file} --plan` says what it costs)")
+    return lines
+
+
 def prepare_search_sets(plan, store, *, progress: bool = True, should_stop=None) -> dict[str, str]:
-    """Prepare every set the plan's trials read into the search's storage (as Ray tasks; those already there are kept);
-    returns set_key -> where the set is, for SearchPlan.prepared."""
-    from blockforge.data.prepare import RayWorkers, prepare
+    """Prepare every set the plan's trials read into the search's storage (as Ray tasks on the search's cluster, or in this
+    process for a set of one part; those already there are kept); returns set_key -> where the set is, for
+    SearchPlan.prepared."""
+    from blockforge.data.prepare import InProcess, RayWorkers, part_count, prepare, set_prepared
 
     where = {}
     for entry in search_sets(plan):
         storage = store.storage.child(entry.rel)
-        outcome = prepare(entry.request, str(storage), workers=RayWorkers(), progress=progress, should_stop=should_stop,
+        if set_prepared(storage, entry.request):
+            where[entry.request.key] = str(storage)
+            continue
+        workers = RayWorkers() if part_count(entry.request) > 1 else InProcess()
+        outcome = prepare(entry.request, str(storage), workers=workers, progress=progress, should_stop=should_stop,
                           say=lambda line: print(line, flush=True))
         if not outcome.reused:
             split = outcome.manifest.splits["train"]

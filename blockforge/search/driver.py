@@ -509,6 +509,10 @@ def run_search(
     from blockforge.search.plan import format_plan, search_plan
 
     print(format_plan(plan, search_plan(plan)), flush=True)
+    from blockforge.search.datasets import describe_sets
+
+    for line in describe_sets(plan):
+        print(line, flush=True)
     for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
         print(adjustment, flush=True)
     writable_folder(search_dir, "the search" if not store.remote else f"the working copy of {store}")

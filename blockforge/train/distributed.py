@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,8 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    # On GPUs, a gloo group beside NCCL for the per-step stop flag: agreeing on it then never waits for the GPU's stream.
+    control: Any = field(default=None, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -28,7 +31,8 @@ def init_world(device_type: str) -> World:
         return World()
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    world = World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    control = dist.new_group(backend="gloo") if device_type == "cuda" else None
+    world = World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", 0)), control=control)
     if device_type == "cuda":
         torch.cuda.set_device(world.local_rank)
     return world
@@ -51,8 +55,8 @@ def agree_on_stop(signum: int | None, world: World, device: torch.device) -> int
     """The stop signal any rank received (the largest number), so all ranks stop after the same step."""
     if world.size == 1:
         return signum
-    flag = torch.tensor([signum or 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    flag = torch.tensor([signum or 0], device="cpu" if world.control is not None else device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=world.control)
     return int(flag.item()) or None
 
 

@@ -367,16 +367,20 @@ def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_p
     assert sorted((r.post_ln_layers, r.seed) for r in completed) == [(k, s) for k in (0, 1) for s in (0, 1, 2)]
 
 
-def test_a_search_prepares_its_data_once_and_every_trial_reads_that_set(tmp_path, ray_session, s3):
+def test_a_search_prepares_its_data_once_and_every_trial_reads_that_set(tmp_path, ray_session, s3, monkeypatch):
     """The search prepares the data its trials read into data/<fingerprint>/ of its folder before the first trial (as
     Ray tasks); a search whose recipe names a set in object storage reads that one instead, each node taking it down once."""
+    from blockforge.data import prepare as prepare_module
     from blockforge.storage import Storage
 
+    monkeypatch.setattr(prepare_module, "PART_CHARS", 20_000)  # a few parts, so that Ray tasks prepare them
     path = write_search(tmp_path, cells={"model.depth": [2]}, space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.5]}},
                         baselines=[], trials_per_cell=2, scheduler=None, sampler={"grid": {}}, max_concurrent=1)
     outcome = run_search(path, out=tmp_path / "local", progress_every_s=0)
     sets = list((tmp_path / "local" / "data").glob("*/manifest.json"))
     assert len(sets) == 1
+    hosts = {json.loads(p.read_text())["host"] for p in (sets[0].parent / "parts").glob("*.json")}
+    assert len(list((sets[0].parent / "parts").glob("train-*.json"))) > 1 and hosts  # parts, run as tasks
     runs = [tmp_path / "local" / r.run_dir for r in outcome.records if r.status == "completed"]
     assert len(runs) == 2 and {json.loads((run / "data.json").read_text())["prepared"] for run in runs} == {str(sets[0].parent)}
 
