@@ -66,13 +66,13 @@ def data_config(paths: list[str]):
                       tokenizer=TokenizerConfig(bpe=BPE), bpe_train_chars=20_000_000)
 
 
-def cpu_per_batch(batches, count: int) -> float:
-    """Process CPU seconds per batch over `count` batches (after one to warm up)."""
+def per_batch(batches, count: int, clock=time.process_time) -> float:
+    """Seconds per batch over `count` batches (after one to warm up): process CPU time, or another clock."""
     next(batches)
-    started = time.process_time()
+    started = clock()
     for _ in range(count):
         next(batches)
-    return (time.process_time() - started) / count
+    return (clock() - started) / count
 
 
 def measure_paths(cfg, prepared: Path, batches: int) -> dict:
@@ -82,9 +82,9 @@ def measure_paths(cfg, prepared: Path, batches: int) -> dict:
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core: per-core figures
     stream = StreamingTextDataset(cfg, seq_len=CONTEXT, vocab=BPE, seed=0, cache_dir=cache_root())
-    stream_s = cpu_per_batch(stream.train_batches(BATCH), batches)
+    stream_s = per_batch(stream.train_batches(BATCH), batches)
     ready = PreparedTextDataset(PreparedSet.open(prepared), seq_len=CONTEXT, vocab=BPE, seed=0)
-    ready_s = cpu_per_batch(ready.train_batches(BATCH), batches * 10)
+    ready_s = per_batch(ready.train_batches(BATCH), batches * 10)
     tokens = BATCH * CONTEXT
     return {"streaming_cpu_s_per_batch": stream_s, "prepared_cpu_s_per_batch": ready_s,
             "streaming_tokens_per_s": tokens / stream_s, "prepared_tokens_per_s": tokens / ready_s, "ratio": stream_s / ready_s}
@@ -226,7 +226,7 @@ def measure_overlap(cfg, prepared: Path, steps: int) -> dict:
     stream = StreamingTextDataset(cfg, seq_len=CONTEXT, vocab=BPE, seed=0, cache_dir=cache_root())
     for name, data, batch, step_s in (("prepared", ready, BATCH, 0.05), ("streaming", stream, 64, 0.05)):
         batches = data.train_batches(batch)
-        data_s = _wall_per_batch(batches, steps)  # the data alone, one after another
+        data_s = per_batch(batches, steps, time.perf_counter)  # the data alone, one after another
         feed = Feed(data.train_batches(batch), torch.device("cpu"))
         next(feed)
         started = time.perf_counter()
@@ -238,14 +238,6 @@ def measure_overlap(cfg, prepared: Path, steps: int) -> dict:
         out[name] = {"rows_per_batch": batch, "step_s": step_s, "data_s": data_s, "fed_step_s": per_step,
                      "serial_s": step_s + data_s, "vs_max": per_step / max(step_s, data_s)}
     return out
-
-
-def _wall_per_batch(batches, count: int) -> float:
-    next(batches)
-    started = time.perf_counter()
-    for _ in range(count):
-        next(batches)
-    return (time.perf_counter() - started) / count
 
 
 def report(results: dict) -> str:

@@ -144,6 +144,16 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
         raise CorruptFolderError(f"{path}: is not valid JSON ({reason}); {fix}") from None
 
 
+def read_mapping(path: str | os.PathLike) -> dict:
+    """A JSON object from `path`, or {} when it is missing, unreadable or not one: for files that only help (a lock's
+    owner, a record of checksums already computed), where nothing is lost by starting without them."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def writable_folder(path: str | os.PathLike, what: str) -> Path:
     """Create `path` and check a file can be written there; else one sentence naming it (what: 'the run')."""
     path = Path(path)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from blockforge.errors import FolderInUseError, WriteError
+from blockforge.io import read_mapping
 
 LOCK_NAME = "run.lock"
 _HELD: dict[Path, "RunLock"] = {}  # the locks this process holds, by resolved path
@@ -31,14 +32,6 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # alive, owned by another user
         return True
     return True
-
-
-def _owner(path: Path) -> dict:
-    try:
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return owner if isinstance(owner, dict) else {}
 
 
 class RunLock:
@@ -85,7 +78,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
-                owner = _owner(self.path)
+                owner = read_mapping(self.path)
                 if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or (owner and not self._stale(owner)):
                     os.close(fd)
                     self._refuse(owner)

@@ -42,7 +42,7 @@ from blockforge.data.prepared import (FORMAT, MANIFEST, SAMPLE_TOKENS as VAL_TOK
 from blockforge.errors import BlockforgeError, DataError, FolderInUseError
 from blockforge.io import writes_into
 from blockforge.spec.data import DataConfig
-from blockforge.storage import Storage, cache_root
+from blockforge.storage import Storage, StorageError, cache_root
 
 PART_CHARS = 256 * 2**20  # text per part of a finite source (~60M tokens)
 ENCODE_DOCUMENTS = 256  # documents per call into the tokenizer
@@ -386,9 +386,14 @@ def _stream_texts(part: Part, job: Job) -> Iterator[str]:
 # ---- one preparation at a time ------------------------------------------------------------------------
 
 
+_LIVE_LEASES: set[str] = set()  # the tokens of the leases this process holds
+
+
 class Lease:
     """The claim of one preparation on a folder of a storage (which has no flock): an object naming its holder, renewed
-    while it works; another preparation finding a fresh one is refused, a stale one (its holder gone) is taken over."""
+    while it works; another preparation finding a fresh one is refused, a stale one (not renewed for LEASE_STALE_S, or
+    left by a process of this host that is gone: one that failed because the storage went away could not remove it) is
+    taken over."""
 
     def __init__(self, storage: Storage):
         self.storage = storage
@@ -407,13 +412,28 @@ class Lease:
             return None
         return record if isinstance(record, dict) else None
 
+    def _stale(self, held: dict) -> bool:
+        from blockforge.lock import process_alive
+
+        if time.time() - float(held.get("renewed", 0)) >= LEASE_STALE_S:
+            return True
+        pid = held.get("pid")
+        if held.get("host") != socket.gethostname() or not isinstance(pid, int):
+            return False
+        return not process_alive(pid) or (pid == os.getpid() and held.get("token") not in _LIVE_LEASES)
+
     def take(self) -> "Lease":
         held = self._read()
-        if held and held.get("token") != self.token and time.time() - float(held.get("renewed", 0)) < LEASE_STALE_S:
+        if held and held.get("token") != self.token and not self._stale(held):
             raise FolderInUseError(self._refusal(held))
         self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
+        _LIVE_LEASES.add(self.token)
         time.sleep(0.5)  # two that started together: the one whose lease stands goes on
-        self.check()
+        try:
+            self.check()
+        except FolderInUseError:
+            _LIVE_LEASES.discard(self.token)
+            raise
         self._thread = threading.Thread(target=self._renew, name="prepare-lease", daemon=True)
         self._thread.start()
         return self
@@ -433,10 +453,15 @@ class Lease:
             with contextlib.suppress(Exception):  # a storage gone for a moment: the next renewal tries again
                 self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
 
-    def release(self) -> None:
+    def release(self, reachable: bool = True) -> None:
+        """Stop renewing and remove the lease; not `reachable` (the storage just failed), leave it: a stale lease of this
+        host's gone process is taken over, and asking a storage that is away only waits for its retries."""
+        _LIVE_LEASES.discard(self.token)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if not reachable:
+            return
         with contextlib.suppress(Exception):
             held = self._read()
             if held and held.get("token") == self.token:
@@ -470,7 +495,13 @@ def owning(storage: Storage, wait_s: float = 0.0) -> Iterator[Callable[[], None]
             time.sleep(2.0)
     try:
         yield lease.check
-    finally:
+    except StorageError:
+        lease.release(reachable=False)
+        raise
+    except BaseException:
+        lease.release()
+        raise
+    else:
         lease.release()
 
 
@@ -641,7 +672,8 @@ def _records(storage: Storage) -> dict[str, dict]:
 def _progress(total: int, unit: str, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit=unit, unit_scale=True, disable=not enabled, desc=desc, dynamic_ncols=True, leave=False)
+    # On a terminal only (disable=None): a log or a pipe gets the one-line outcome, not the bar's redraws.
+    return tqdm(total=total, unit=unit, unit_scale=True, disable=None if enabled else True, desc=desc, dynamic_ncols=True, leave=False)
 
 
 def _run_finite(corpus, job: Job, workers, records: dict, progress: bool) -> tuple[dict[str, list[dict]], dict]:

@@ -43,7 +43,7 @@ import torch
 
 from blockforge.data.batching import derived_seed, epoch_order, shuffled_batches
 from blockforge.errors import DataError
-from blockforge.io import atomic_write, atomic_write_json
+from blockforge.io import atomic_write, atomic_write_json, read_mapping
 from blockforge.spec.data import DataConfig
 from blockforge.storage import Storage, cache_root, is_uri
 
@@ -285,7 +285,7 @@ def sha256_file(path: Path) -> str:
 def check_files(folder: Path, manifest: Manifest, where: str, stamp: Path) -> None:
     """Every shard file is there, as long as the manifest says, with its checksum. A file's checksum is computed once per
     node and kept in `stamp` with its size and modification time, and computed again only when those change."""
-    known = _read_stamp(stamp)
+    known = read_mapping(stamp)
     checked, changed = {}, False
     for rel, expected in manifest.files():
         path = folder / rel
@@ -359,7 +359,7 @@ def node_copy(storage: Storage) -> Path:
         for name, (size, mtime) in sorted(storage.listing(TOKENIZER).items()):
             storage.download(f"{TOKENIZER}/{name}", local / TOKENIZER / name, mtime)
         stamp = local / ".checked.json"
-        checked = _read_stamp(stamp)
+        checked = read_mapping(stamp)
         wanted = [(rel, expected) for rel, expected in manifest.files() if not _same(local / rel, checked.get(rel), expected)]
         _check_room(local, sum(expected["bytes"] for _, expected in wanted), where)
         for rel, expected in wanted:
@@ -386,14 +386,6 @@ def node_copy(storage: Storage) -> Path:
         return local
     finally:
         lock.release()
-
-
-def _read_stamp(stamp: Path) -> dict:
-    try:
-        known = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        return {}
-    return known if isinstance(known, dict) else {}
 
 
 def _same(path: Path, seen: list | None, expected: dict) -> bool:
@@ -446,11 +438,16 @@ class SplitRows:
             self._documents(indices, out)
         return out
 
-    def _packed(self, starts: np.ndarray, out: np.ndarray) -> None:
-        shard_of = np.searchsorted(self.token_starts, starts, side="right") - 1
+    @staticmethod
+    def _by_shard(firsts: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(shard, which of `positions` fall in it, their positions within it), for global positions and each shard's first."""
+        shard_of = np.searchsorted(firsts, positions, side="right") - 1
         for shard in np.unique(shard_of):
             chosen = np.flatnonzero(shard_of == shard)
-            local = starts[chosen] - self.token_starts[shard]
+            yield int(shard), chosen, positions[chosen] - firsts[shard]
+
+    def _packed(self, starts: np.ndarray, out: np.ndarray) -> None:
+        for shard, chosen, local in self._by_shard(self.token_starts, starts):
             tokens = self.tokens[shard]
             inside = local + self.width <= len(tokens)
             if inside.any():
@@ -470,10 +467,7 @@ class SplitRows:
         return np.concatenate(parts).astype(np.int64)
 
     def _documents(self, indices: np.ndarray, out: np.ndarray) -> None:
-        shard_of = np.searchsorted(self.doc_starts, indices, side="right") - 1
-        for shard in np.unique(shard_of):
-            chosen = np.flatnonzero(shard_of == shard)
-            local = indices[chosen] - self.doc_starts[shard]
+        for shard, chosen, local in self._by_shard(self.doc_starts, indices):
             offsets = self.offsets[shard]
             begin, end = offsets[local], offsets[local + 1]
             length = np.minimum(end - begin, self.width)

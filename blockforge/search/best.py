@@ -127,8 +127,11 @@ def export_best(
     store.pull_whole_run(run_dir)
     check_export_format(format, load_spec(run_dir / "spec.yaml"), target)  # refused before any retraining
     if retrain or not full:
-        # A partial (pruned) best, or an explicit request: train the best spec to the full budget.
-        recipe = plan.recipe(plan.seed_overrides(name, searched, seed))
+        # A partial (pruned) best, or an explicit request: train the best spec to the full budget, on the search's data.
+        from blockforge.search.datasets import found_sets
+
+        plan.prepared = found_sets(plan, store)
+        recipe = plan.recipe(plan.seed_overrides(name, searched, seed), prepared=True)
         run_dir = search_dir / "retrain" / run_dir.name
         resume = (run_dir / "checkpoints" / "latest.json").exists() and not retrain
         if retrain and run_dir.exists():

@@ -342,8 +342,9 @@ class SearchPlan:
         baseline, and each searched value alone (Dimension.probes). Loading checks the same values (_check_values)."""
         return [{}] + [dict(b) for b in self.baselines] + [{d.key: v} for d in self.dimensions_in(name) for v in d.probes()]
 
-    def recipe(self, overrides: list[tuple[str, Any]], prepared: bool = True) -> Recipe:
-        """The recipe of a trial with `overrides`; with `prepared`, reading the set the driver prepared of its data, if any."""
+    def recipe(self, overrides: list[tuple[str, Any]], prepared: bool = False) -> Recipe:
+        """The recipe of a trial with `overrides` as the search file gives it; with `prepared` (what a trial trains), reading
+        the set the driver prepared of its data, if any."""
         recipe = recipe_from_data(anchor_data_paths(apply_overrides(self.base_data, overrides), self.workdir), file=self.file)
         sets = getattr(self, "prepared", None)  # a plan unpickled from a search started before prepared sets has none
         if prepared and sets and recipe.data.prepared is None and recipe.data.kind == "text":

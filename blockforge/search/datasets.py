@@ -48,7 +48,7 @@ def search_sets(plan, tokens: int | None = None) -> list[SearchSet]:
     for name in plan.all_names():
         for probe in plan.probes(name):
             try:
-                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe), prepared=False)
+                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe))
             except SpecError:
                 continue  # a point no model is built at: its trials fail, and read nothing
             if recipe.data.kind != "text" or recipe.data.prepared is not None:
@@ -86,18 +86,29 @@ def describe_sets(plan) -> list[str]:
     return lines
 
 
-def prepare_search_sets(plan, store, *, progress: bool = True, should_stop=None) -> dict[str, str]:
-    """Prepare every set the plan's trials read into the search's storage (as Ray tasks on the search's cluster, or in this
-    process for a set of one part; those already there are kept); returns set_key -> where the set is, for
-    SearchPlan.prepared."""
-    from blockforge.data.prepare import InProcess, RayWorkers, part_count, prepare, set_prepared
+def found_sets(plan, store) -> dict[str, str]:
+    """The sets of the plan that the search's storage holds already: set_key -> where (for SearchPlan.prepared)."""
+    from blockforge.data.prepare import set_prepared
 
     where = {}
     for entry in search_sets(plan):
         storage = store.storage.child(entry.rel)
         if set_prepared(storage, entry.request):
             where[entry.request.key] = str(storage)
+    return where
+
+
+def prepare_search_sets(plan, store, *, progress: bool = True, should_stop=None) -> dict[str, str]:
+    """Prepare every set the plan's trials read into the search's storage (as Ray tasks on the search's cluster, or in this
+    process for a set of one part; those already there are kept); returns set_key -> where the set is, for
+    SearchPlan.prepared."""
+    from blockforge.data.prepare import InProcess, RayWorkers, part_count, prepare
+
+    where = found_sets(plan, store)
+    for entry in search_sets(plan):
+        if entry.request.key in where:
             continue
+        storage = store.storage.child(entry.rel)
         workers = RayWorkers() if part_count(entry.request) > 1 else InProcess()
         outcome = prepare(entry.request, str(storage), workers=workers, progress=progress, should_stop=should_stop,
                           say=lambda line: print(line, flush=True))
@@ -119,7 +130,7 @@ def check_named_sets(plan) -> None:
     for name in plan.all_names():
         for probe in plan.probes(name):
             try:
-                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe), prepared=False)
+                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe))
             except SpecError:
                 continue
             where = recipe.data.prepared

@@ -160,7 +160,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     resources = plan.resources_of(config["cell"])
     workers = resources.data_parallel
     torch.set_num_threads(max(1, int(resources.cpu) // workers))
-    recipe = plan.recipe([tuple(pair) for pair in config["overrides"]])
+    recipe = plan.recipe([tuple(pair) for pair in config["overrides"]], prepared=True)  # reads the set the driver prepared
     costs = _measured_costs(plan, recipe, storage)  # reported with every result: the searcher records them
     with trial_folder(storage, config["cell"], config["identity"]) as (run_dir, mirror):
         push = mirror.push if mirror is not None else (lambda: None)

@@ -351,3 +351,63 @@ def test_a_finished_trial_whose_record_and_result_were_both_lost_is_taken_up_fro
     assert record.value == done.value and record.steps == done.steps
     assert len((Path(done.run_dir) / "attempts.jsonl").read_text().splitlines()) == 1  # read from its run: nothing trained again
     assert json.loads(result.read_text())["status"] == "completed"  # and its result written again
+
+
+@pytest.mark.slow  # the storage's client tries three times over ~6 s before it gives up
+def test_a_preparation_into_a_storage_that_goes_away_publishes_nothing_and_a_rerun_continues(tmp_path, s3, monkeypatch):
+    """The storage is cut after two parts: one sentence, no manifest; back again, the same preparation goes on from the
+    parts recorded there (its lease, which it could not remove, is taken over: its process is gone from this host)."""
+    import yaml
+
+    from blockforge.data import prepare as prepare_module
+    from blockforge.data.prepare import prepare, request_for
+    from blockforge.spec import load_recipe
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
+    request = request_for(load_recipe(tmp_path / "r.yaml"))
+    where = f"s3://{s3.bucket()}/sets/tiny"
+    monkeypatch.setattr(prepare_module, "PART_CHARS", 20_000)
+    real, done = prepare_module.run_part, []
+
+    def cut_after_two(part, job, texts=None):
+        if len(done) == 2:
+            s3.proxy.cut()
+        record = real(part, job, texts)
+        done.append(record["part"])
+        return record
+
+    monkeypatch.setattr(prepare_module, "run_part", cut_after_two)
+    try:
+        with pytest.raises(StorageError, match=f"^{where}: cannot .*the storage cannot be reached"):
+            prepare(request, where, progress=False)
+    finally:
+        s3.proxy.restore()
+    storage = Storage.open(where)
+    assert storage.read_bytes("manifest.json") is None and len([n for n in storage.listing("parts") if n.endswith(".json")]) == 2
+    monkeypatch.setattr(prepare_module, "run_part", real)
+    outcome = prepare(request, where, progress=False)
+    assert outcome.parts_resumed == 2 and outcome.parts_done >= 1 and storage.read_bytes("manifest.json") is not None
+    whole = prepare(request, tmp_path / "whole", progress=False)
+    assert outcome.manifest.splits == whole.manifest.splits  # the same shards, byte for byte
+
+
+def test_a_second_preparation_of_a_storage_folder_is_refused_while_the_first_holds_its_lease(tmp_path, s3):
+    import yaml
+
+    from blockforge.data.prepare import Lease, prepare, request_for
+    from blockforge.errors import FolderInUseError
+    from blockforge.spec import load_recipe
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
+    where = s3.direct(s3.bucket(), "sets/tiny")
+    storage = Storage.open(where)
+    held = Lease(storage).take()
+    try:
+        with pytest.raises(FolderInUseError, match=f"a data set is being prepared into it by process {os.getpid()} on .*; wait for it to end"):
+            prepare(request_for(load_recipe(tmp_path / "r.yaml")), where, progress=False)
+    finally:
+        held.release()
+    assert storage.read_bytes("prepare.lease") is None and storage.read_bytes("manifest.json") is None
+    assert prepare(request_for(load_recipe(tmp_path / "r.yaml")), where, progress=False).manifest.splits["train"].tokens > 0

@@ -16,6 +16,7 @@ import blockforge
 from blockforge.cli import main
 from blockforge.export import export_run, load
 from blockforge.spec import load_recipe
+from blockforge.spec.recipe import Assignment
 from blockforge.train.loop import EXIT_DIVERGED, train
 from tiny_data import losses
 
@@ -97,6 +98,18 @@ def test_a_pre_ln_run_that_diverges_is_not_told_about_alpha(tmp_path, recipe_fil
     code = main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress", "--set", "model.layers.mix_ln.alpha=0.0"])
     err = capsys.readouterr().err.strip()
     assert code == EXIT_DIVERGED and "diverged at step" in err and "lower train.lr" in err and "alpha" not in err
+
+
+def test_a_run_that_reads_its_loss_only_when_it_logs_still_ends_at_the_step_that_diverged(tmp_path, recipe_file):
+    """The loop leaves losses on the device between logged steps; a divergence found when it reads them ends the run at
+    the step that diverged, as reading every step would, with the records of the steps before it."""
+    path = recipe_file(steps=60, warmup=0.0, lr=5.0, log_every=50, eval_every=0, checkpoint_every=0, grad_norm_every=0)
+    every_step = train(load_recipe(path, [Assignment("train.log_every", 1)]), tmp_path / "every", progress=False)
+    logged = train(load_recipe(path), tmp_path / "logged", progress=False)
+    assert every_step.status == logged.status == "diverged" and 1 < logged.step < 50
+    assert logged.step == every_step.step and logged.metrics == every_step.metrics
+    records = [json.loads(line) for line in (tmp_path / "logged" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "diverged"] == [logged.step] and max(r["step"] for r in records) == logged.step
 
 
 def _one_line_failure(argv, capsys, needle):
