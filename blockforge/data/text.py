@@ -23,7 +23,7 @@ import hashlib
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
