@@ -338,3 +338,18 @@ def test_prepare_flags_are_one_sentence(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_where_rows_are_read_from_is_no_part_of_a_trials_identity(tmp_path):
+    import yaml
+
+    from blockforge.search.config import trial_identity
+    from blockforge.spec import load_recipe
+    from blockforge.spec.recipe import Assignment
+    from tiny_data import tiny_recipe
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
+    plain = load_recipe(tmp_path / "r.yaml")
+    for where in ("/data/sets/tiny", "s3://bucket/sets/tiny"):
+        assert trial_identity(load_recipe(tmp_path / "r.yaml", [Assignment("data.prepared", where)])) == trial_identity(plain)
+    assert trial_identity(load_recipe(tmp_path / "r.yaml", [Assignment("data.pack", False)])) != trial_identity(plain)

@@ -94,8 +94,11 @@ def test_sigterm_stops_the_trials_writes_reports_and_resume_continues_them(tmp_p
     at_stop = {r.identity: checkpoint_step(Path(r.run_dir)) for r in stopped}
     assert any(step > 0 for step in at_stop.values()), at_stop
 
+    prepared = {p: p.stat().st_mtime_ns for p in (out / "data").rglob("*") if p.is_file()}
+    assert any(p.name == "manifest.json" for p in prepared)  # the search's data, prepared before its first trial
     outcome = run_search(path, out=out, resume=True, progress_every_s=0)
     assert sorted(r.status for r in outcome.records) == ["completed", "completed"]
+    assert {p: p.stat().st_mtime_ns for p in (out / "data").rglob("*") if p.is_file()} == prepared  # reused as it was
     for r in outcome.records:
         run_dir = Path(r.run_dir)
         steps = trained_steps(run_dir)
