@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
+import socket
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from blockforge.errors import BlockforgeError, WriteError
+from blockforge.errors import BlockforgeError, FolderInUseError, WriteError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CHUNK = 8 * 2**20  # bytes copied at a time between a local file and the storage
@@ -42,7 +46,47 @@ def scheme_of(where: str | os.PathLike) -> str | None:
 
 
 def is_uri(where: str | os.PathLike) -> bool:
-    return scheme_of(where) is not None
+    """Whether `where` is meant as a URI: it has a scheme and '//', or it starts like one without them (refused by
+    Storage.open, never read as a local folder named 's3:...')."""
+    return scheme_of(where) is not None or _uri_like(str(where)) is not None
+
+
+_NATIVE = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")  # pyarrow's own filesystems: its error is the one to say
+
+
+def _known_schemes() -> set[str]:
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return set(_NATIVE)
+    return set(known_implementations) | set(_NATIVE)
+
+
+def _uri_like(text: str) -> str | None:
+    """The scheme of a text that starts as a URI of a known filesystem ('s3:x', 'gs:/x') but lacks its '//'."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)", text)  # two letters at least: 'C:' is a drive
+    if match is not None and match.group(1).lower() in _known_schemes() - {"file", "local"}:
+        return match.group(1).lower()
+    return None
+
+
+def parse_uri(text: str) -> str:
+    """`text` as the URI blockforge keeps: its scheme in lower case, no trailing '/', its options (the query) kept; a URI
+    that names no bucket, or whose path has an empty part, '.' or '..', is refused in one sentence."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(text)
+    scheme = parts.scheme.lower()
+    if not parts.netloc:
+        raise BlockforgeError(f"{text}: names no bucket (or host) after {scheme}://; give {scheme}://BUCKET/PREFIX")
+    segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
+    if any(segment in ("", ".", "..") for segment in segments) or parts.path.startswith("//"):
+        raise BlockforgeError(f"{text}: a URI's path may hold no empty part, '.' or '..'; give the folder's plain path, "
+                              f"{scheme}://{parts.netloc}/A/B")
+    if parts.fragment:
+        raise BlockforgeError(f"{text}: holds a '#' part, which no storage reads; remove it")
+    path = "/" + "/".join(segments) if segments else ""
+    return f"{scheme}://{parts.netloc}{path}" + (f"?{parts.query}" if parts.query else "")
 
 
 class StorageError(WriteError):
@@ -72,6 +116,11 @@ def storage_failure(err: BaseException, storage: "Storage") -> tuple[str, str]:
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     if re.search(r"NETWORK_CONNECTION|Could not connect|Couldn't connect|curlCode: (6|7|28)|Could not resolve|Connection refused"
                  r"|Timeout was reached|Name or service not known", text):
+        import urllib.parse
+
+        in_uri = urllib.parse.parse_qs(urllib.parse.urlsplit(storage.uri).query).get("endpoint_override")
+        if in_uri:  # the URI's own endpoint is the one that failed
+            return f"the storage cannot be reached at {in_uri[0]}", "check the URI's endpoint_override and the network"
         endpoint = os.environ.get("AWS_ENDPOINT_URL") if storage.scheme in ("s3", "s3a") else None
         return (f"the storage cannot be reached{f' at {endpoint}' if endpoint else ''}",
                 "check the endpoint (AWS_ENDPOINT_URL or the URI's endpoint_override) and the network")
@@ -100,11 +149,21 @@ class Storage:
     def open(where: str | os.PathLike) -> "Storage":
         """The storage `where` names; a URI whose filesystem is not installed or that no process could share is refused."""
         text = str(where)
+        like = _uri_like(text)
+        if like is not None:
+            raise BlockforgeError(f"{text}: starts like a URI ({like}://) but has no '//' after '{like}:'; give {like}://BUCKET/PREFIX, "
+                                  f"or ./{text} for a local folder of that name")
+        if text.lower().startswith("file://"):
+            import urllib.parse
+
+            host = urllib.parse.urlsplit(text).netloc
+            if host not in ("", "localhost"):
+                raise BlockforgeError(f"{text}: names the host '{host}', and a file:// URI names this machine's files; give "
+                                      f"file:///PATH (three slashes) or the plain path")
+            return Storage(str(Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)).expanduser().resolve()))
         if scheme_of(text) is None:
-            local = text[len("file://"):] if text.lower().startswith("file://") else text
-            return Storage(str(Path(local).expanduser().resolve()))
-        base, sep, query = text.partition("?")  # options pyarrow reads from the URI (s3://b/x?endpoint_override=host:port)
-        storage = Storage(base.rstrip("/") + sep + query)
+            return Storage(str(Path(text).expanduser().resolve()))
+        storage = Storage(parse_uri(text))  # options pyarrow reads stay in the URI (s3://b/x?endpoint_override=host:port)
         storage._resolved  # noqa: B018 - refused here, by name, rather than at the first write
         return storage
 
@@ -154,6 +213,9 @@ class Storage:
             return pafs.FileSystem.from_uri(self.uri)
         except Exception as err:  # ArrowInvalid (unknown scheme), ArrowNotImplementedError (built without it), OSError (libhdfs)
             arrow_said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            if scheme in _NATIVE and not isinstance(err, NotImplementedError):  # pyarrow's own filesystem refused the URI itself
+                raise BlockforgeError(f"{self.uri}: cannot be opened ({arrow_said}); fix the URI: its bucket, path and options "
+                                      "(endpoint_override, scheme, region, ...)") from None
         try:
             import fsspec
         except ImportError:
@@ -376,7 +438,7 @@ def _stat(path: Path) -> tuple[int, int]:
 def _temporary(name: str) -> bool:
     """A file being written (an atomic write's temporary, a checkpoint not finished) or a lock: never copied."""
     leaf = name.rsplit("/", 1)[-1]
-    return (leaf.startswith(".") and leaf.endswith(".tmp")) or leaf.endswith(".lock") or "/.partial-" in f"/{name}" \
+    return (leaf.startswith(".") and leaf.endswith(".tmp")) or leaf.endswith((".lock", ".lease")) or "/.partial-" in f"/{name}" \
         or leaf.startswith(PROBE)
 
 
@@ -396,3 +458,90 @@ def put_folder(local: Path, storage: Storage) -> None:
     mirror = Mirror(storage, "", local)
     mirror.pushed = {name: (-1, -1) for name in storage.listing()}  # everything differs: put up all, remove what is gone
     mirror.push()
+
+
+# ---- one writer at a time ------------------------------------------------------------------------------------
+
+LEASE_RENEW_S = 30.0
+LEASE_STALE_S = 90.0  # a lease not renewed for this long was left by a process that is gone
+_LIVE_LEASES: set[str] = set()  # the tokens of the leases this process holds
+
+
+class Lease:
+    """One writer of a folder of a storage, which has no flock: an object (`name`) naming its holder (pid, host), renewed
+    every LEASE_RENEW_S while it works. Another process finding a fresh lease is refused, naming the holder; a stale one
+    (not renewed for LEASE_STALE_S, or left by a process of this host that is gone: one that failed because the storage
+    went away could not remove it) is taken over. `check()` before a write says whether this one still holds it."""
+
+    def __init__(self, storage: Storage, name: str, doing: str):
+        self.storage, self.name, self.doing = storage, name, doing
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        return {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": time.time()}
+
+    def _read(self) -> dict | None:
+        data = self.storage.read_bytes(self.name)
+        try:
+            record = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _stale(self, held: dict) -> bool:
+        from blockforge.lock import process_alive
+
+        if time.time() - float(held.get("renewed", 0)) >= LEASE_STALE_S:
+            return True
+        pid = held.get("pid")
+        if held.get("host") != socket.gethostname() or not isinstance(pid, int):
+            return False
+        return not process_alive(pid) or (pid == os.getpid() and held.get("token") not in _LIVE_LEASES)
+
+    def take(self) -> "Lease":
+        held = self._read()
+        if held and held.get("token") != self.token and not self._stale(held):
+            raise FolderInUseError(self._refusal(held))
+        self.storage.write_bytes(self.name, json.dumps(self._record()).encode())
+        _LIVE_LEASES.add(self.token)
+        time.sleep(0.5)  # two that started together: the one whose lease stands goes on
+        try:
+            self.check()
+        except FolderInUseError:
+            _LIVE_LEASES.discard(self.token)
+            raise
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _refusal(self, held: dict) -> str:
+        age = time.time() - float(held.get("renewed", 0))
+        return (f"{self.storage}: is in use by process {held.get('pid', '?')} on {held.get('host', '?')}, which is {self.doing} (its "
+                f"lease was renewed {age:.0f} s ago); wait for it to end, or choose another --out (a lease of a process that is "
+                f"gone lapses {LEASE_STALE_S:.0f} s after its last renewal)")
+
+    def check(self) -> None:
+        held = self._read()
+        if not held or held.get("token") != self.token:
+            raise FolderInUseError(self._refusal(held or {}))
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            with contextlib.suppress(Exception):  # a storage gone for a moment: the next renewal tries again
+                self.storage.write_bytes(self.name, json.dumps(self._record()).encode())
+
+    def release(self, reachable: bool = True) -> None:
+        """Stop renewing and remove the lease; not `reachable` (the storage just failed), leave it: a stale lease of this
+        host's gone process is taken over, and asking a storage that is away only waits for its retries."""
+        _LIVE_LEASES.discard(self.token)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not reachable:
+            return
+        with contextlib.suppress(Exception):
+            held = self._read()
+            if held and held.get("token") == self.token:
+                self.storage.delete(self.name)

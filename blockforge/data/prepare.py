@@ -28,7 +28,6 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -42,7 +41,7 @@ from blockforge.data.prepared import (FORMAT, MANIFEST, SAMPLE_TOKENS as VAL_TOK
 from blockforge.errors import BlockforgeError, DataError, FolderInUseError
 from blockforge.io import writes_into
 from blockforge.spec.data import DataConfig
-from blockforge.storage import Storage, StorageError, cache_root
+from blockforge.storage import Lease, Storage, StorageError, cache_root
 
 PART_CHARS = 256 * 2**20  # text per part of a finite source (~60M tokens)
 ENCODE_DOCUMENTS = 256  # documents per call into the tokenizer
@@ -50,8 +49,6 @@ STARTED = "preparing.json"  # what a preparation in progress is for (a resumed o
 PARTS = "parts"
 LOCK = "prepare.lock"
 LEASE = "prepare.lease"
-LEASE_RENEW_S = 30.0
-LEASE_STALE_S = 180.0  # a lease not renewed for this long was left by a preparation that is gone
 
 
 # ---- what to prepare ---------------------------------------------------------------------------------
@@ -386,88 +383,6 @@ def _stream_texts(part: Part, job: Job) -> Iterator[str]:
 # ---- one preparation at a time ------------------------------------------------------------------------
 
 
-_LIVE_LEASES: set[str] = set()  # the tokens of the leases this process holds
-
-
-class Lease:
-    """The claim of one preparation on a folder of a storage (which has no flock): an object naming its holder, renewed
-    while it works; another preparation finding a fresh one is refused, a stale one (not renewed for LEASE_STALE_S, or
-    left by a process of this host that is gone: one that failed because the storage went away could not remove it) is
-    taken over."""
-
-    def __init__(self, storage: Storage):
-        self.storage = storage
-        self.token = uuid.uuid4().hex
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _record(self) -> dict:
-        return {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": time.time()}
-
-    def _read(self) -> dict | None:
-        data = self.storage.read_bytes(LEASE)
-        try:
-            record = json.loads(data) if data else None
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
-
-    def _stale(self, held: dict) -> bool:
-        from blockforge.lock import process_alive
-
-        if time.time() - float(held.get("renewed", 0)) >= LEASE_STALE_S:
-            return True
-        pid = held.get("pid")
-        if held.get("host") != socket.gethostname() or not isinstance(pid, int):
-            return False
-        return not process_alive(pid) or (pid == os.getpid() and held.get("token") not in _LIVE_LEASES)
-
-    def take(self) -> "Lease":
-        held = self._read()
-        if held and held.get("token") != self.token and not self._stale(held):
-            raise FolderInUseError(self._refusal(held))
-        self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
-        _LIVE_LEASES.add(self.token)
-        time.sleep(0.5)  # two that started together: the one whose lease stands goes on
-        try:
-            self.check()
-        except FolderInUseError:
-            _LIVE_LEASES.discard(self.token)
-            raise
-        self._thread = threading.Thread(target=self._renew, name="prepare-lease", daemon=True)
-        self._thread.start()
-        return self
-
-    def _refusal(self, held: dict) -> str:
-        age = time.time() - float(held.get("renewed", 0))
-        return (f"{self.storage}: a data set is being prepared into it by process {held.get('pid', '?')} on {held.get('host', '?')} "
-                f"(its lease was renewed {age:.0f} s ago); wait for it to end, or choose another --out")
-
-    def check(self) -> None:
-        held = self._read()
-        if not held or held.get("token") != self.token:
-            raise FolderInUseError(self._refusal(held or {}))
-
-    def _renew(self) -> None:
-        while not self._stop.wait(LEASE_RENEW_S):
-            with contextlib.suppress(Exception):  # a storage gone for a moment: the next renewal tries again
-                self.storage.write_bytes(LEASE, json.dumps(self._record()).encode())
-
-    def release(self, reachable: bool = True) -> None:
-        """Stop renewing and remove the lease; not `reachable` (the storage just failed), leave it: a stale lease of this
-        host's gone process is taken over, and asking a storage that is away only waits for its retries."""
-        _LIVE_LEASES.discard(self.token)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if not reachable:
-            return
-        with contextlib.suppress(Exception):
-            held = self._read()
-            if held and held.get("token") == self.token:
-                self.storage.delete(LEASE)
-
-
 @contextlib.contextmanager
 def owning(storage: Storage, wait_s: float = 0.0) -> Iterator[Callable[[], None]]:
     """Hold the set's folder for one preparation; yields a check to make before publishing."""
@@ -483,7 +398,7 @@ def owning(storage: Storage, wait_s: float = 0.0) -> Iterator[Callable[[], None]
         finally:
             lock.release()
         return
-    lease = Lease(storage)
+    lease = Lease(storage, LEASE, "preparing a data set in it")
     deadline = time.monotonic() + wait_s
     while True:
         try:

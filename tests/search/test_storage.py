@@ -395,7 +395,8 @@ def test_a_preparation_into_a_storage_that_goes_away_publishes_nothing_and_a_rer
 def test_a_second_preparation_of_a_storage_folder_is_refused_while_the_first_holds_its_lease(tmp_path, s3):
     import yaml
 
-    from blockforge.data.prepare import Lease, prepare, request_for
+    from blockforge.data.prepare import LEASE, prepare, request_for
+    from blockforge.storage import Lease
     from blockforge.errors import FolderInUseError
     from blockforge.spec import load_recipe
     from tiny_data import tiny_recipe
@@ -403,9 +404,10 @@ def test_a_second_preparation_of_a_storage_folder_is_refused_while_the_first_hol
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
     where = s3.direct(s3.bucket(), "sets/tiny")
     storage = Storage.open(where)
-    held = Lease(storage).take()
+    held = Lease(storage, LEASE, "preparing a data set in it").take()
     try:
-        with pytest.raises(FolderInUseError, match=f"a data set is being prepared into it by process {os.getpid()} on .*; wait for it to end"):
+        with pytest.raises(FolderInUseError, match=f"is in use by process {os.getpid()} on .*, which is preparing a data set in it .its "
+                                                   r"lease was renewed \d+ s ago.; wait for it to end"):
             prepare(request_for(load_recipe(tmp_path / "r.yaml")), where, progress=False)
     finally:
         held.release()
