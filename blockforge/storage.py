@@ -213,9 +213,11 @@ class Storage:
             return pafs.FileSystem.from_uri(self.uri)
         except Exception as err:  # ArrowInvalid (unknown scheme), ArrowNotImplementedError (built without it), OSError (libhdfs)
             arrow_said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            if scheme in _NATIVE and not isinstance(err, NotImplementedError):  # pyarrow's own filesystem refused the URI itself
-                raise BlockforgeError(f"{self.uri}: cannot be opened ({arrow_said}); fix the URI: its bucket, path and options "
-                                      "(endpoint_override, scheme, region, ...)") from None
+            if scheme in _NATIVE and not isinstance(err, NotImplementedError):  # pyarrow's own filesystem: its error is the cause
+                reason, fix = storage_failure(err, self)
+                if reason == arrow_said:  # not the network, the bucket or the credentials: the URI itself
+                    fix = "fix the URI: its bucket, path and options (endpoint_override, scheme, region, ...)"
+                raise StorageError(f"{self.uri}: cannot be opened ({reason}); {fix}", reason=reason, fix=fix) from None
         try:
             import fsspec
         except ImportError:
@@ -524,8 +526,11 @@ class Lease:
 
     def check(self) -> None:
         held = self._read()
-        if not held or held.get("token") != self.token:
-            raise FolderInUseError(self._refusal(held or {}))
+        if not held:
+            raise FolderInUseError(f"{self.storage}: the lease of the process {self.doing} is gone from the storage (something "
+                                   "else removed the folder's files)")
+        if held.get("token") != self.token:
+            raise FolderInUseError(self._refusal(held))
 
     def _renew(self) -> None:
         while not self._stop.wait(LEASE_RENEW_S):

@@ -25,6 +25,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def nothing_finished(outcome) -> str | None:
+    """A sentence when trials failed and none finished (the search answered nothing), else None."""
+    from blockforge.train.events import Status
+
+    failed = [r for r in outcome.records if r.status == Status.FAILED]
+    if not failed or any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in outcome.records):
+        return None
+    again = [r for r in failed if r.retry]
+    fix = (f"resume with: {outcome.resume_command} (it trains the {len(again)} failed for a cause outside them again)" if again
+           else "fix the search file or its data, then start it in another --out")
+    return (f"no trial of the search finished: {len(failed)} failed (trial {failed[0].trial} of {failed[0].cell}: {failed[0].note}); "
+            f"{fix}")
+
+
 def run(args: argparse.Namespace) -> int:
     import signal
     import sys
@@ -53,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(outcome.summary)
     print(f"\nsearch folder: {outcome.location or outcome.search_dir} (summary.md, results.csv, best/, plots)")
+    unfinished = nothing_finished(outcome)
+    if unfinished is not None and outcome.interrupted is None:
+        print(f"blockforge: error: {unfinished}", file=sys.stderr)
+        return 1
     if outcome.interrupted is not None:
         name = signal.Signals(outcome.interrupted).name
         print(f"blockforge: stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}", file=sys.stderr)

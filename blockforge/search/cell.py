@@ -15,7 +15,7 @@ from types import MappingProxyType
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.store import SearchStore
-from blockforge.search.stages.base import Finalists, Outcome, Stage, Trial, ended_status
+from blockforge.search.stages.base import FAILURE, Finalists, Outcome, Stage, Trial, ended_status
 from blockforge.train.events import Status
 
 TRAINED_END = (Status.COMPLETED, Status.DIVERGED, Status.PRUNED, Status.FAILED)
@@ -251,9 +251,12 @@ class Cell:
         if measured:
             trial = replace(trial, costs={**trial.costs, **measured})
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
+        failure = {}
+        if status == Status.FAILED:  # its own reason (said in a sentence), or a cause outside it, which a resume trains again
+            failure = {"note": result[FAILURE], "retry": False} if FAILURE in result else {
+                "note": "its process or node was lost, or it raised: see its error file under tune/", "retry": True}
         record = self.record(trial, status, value=result.get(plan.metric) if status != Status.DIVERGED else None,
-                             steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0),
-                             note="" if status != Status.FAILED else "the trial raised; see its error file under tune/")
+                             steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0), **failure)
         outcome = Outcome(status, value, trial.number, record, trial)
         stage = self.stage_of(trial)
         stage.on_complete(self.given_to(stage), trial, outcome)

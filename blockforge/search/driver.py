@@ -29,11 +29,12 @@ from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_sea
 from blockforge.search.ledger import Ledger, LedgerFollower, StageName, TrialRecord
 from blockforge.search.store import SearchStore
 from blockforge.spec import Assignment
-from blockforge.storage import Storage
+from blockforge.storage import Lease, Storage, StorageError
 from blockforge.train.events import Status
 from blockforge.lock import RunLock
 
 SEARCH_LOCK = "search.lock"  # held by the driver that runs the search in a folder
+SEARCH_LEASE = "search.lease"  # in a storage: held by the one driver of the search, whatever machine it runs on
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
 CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
@@ -393,7 +394,8 @@ def _write_failed(sentence: str, fix: str = "free space") -> None:
 
 
 QUIET_WHEN_INTERRUPTED = ("ray.tune.tune",)
-EXPERIMENT_STATE_LOG = "ray.tune.execution.experiment_state"  # where Tune logs a failed save of its state
+# Where Ray logs a failed write of its state, with a traceback: its experiment state, and its storage layer's folders.
+STATE_LOGS = ("ray.tune.execution.experiment_state", "ray.train._internal.storage")
 
 
 def _write_failure_in(err: BaseException | None) -> str | None:
@@ -440,10 +442,13 @@ class _QuietWhenInterrupted:
         return not self.interrupts.stopping
 
 
-def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tuple] | None) -> str:
-    """The command line that continues this search: the same file and --set flags, with --resume."""
+def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tuple] | None, address: str | None = None,
+                   max_concurrent: int | None = None) -> str:
+    """The command line that continues this search: the same file and --set flags, where and how it ran (--address,
+    --max-concurrent), with --resume."""
     sets = [part for assignment in overrides or [] for part in ("--set", str(Assignment(*assignment)))]
-    return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), "--resume"])
+    where = [*(["--address", address] if address is not None else []), *(["--max-concurrent", str(max_concurrent)] if max_concurrent else [])]
+    return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), *where, "--resume"])
 
 
 def _trainable(plan: SearchPlan, store: SearchStore):
@@ -489,6 +494,15 @@ def run_search(
         raise BlockforgeError(f"--resume {resume}: give --resume (continue the search in --out) or --resume=auto (continue it if --out "
                               "holds one, else start it)")
     storage = Storage.open(out) if out is not None else None  # a URI no filesystem here can open is refused by name now
+    try:
+        return _run_search(path, storage, address=address, resume=resume, max_concurrent=max_concurrent, overrides=overrides,
+                           progress_every_s=progress_every_s)
+    except BlockforgeError as err:
+        raise SearchStore.located(err, storage) from None
+
+
+def _run_search(path, storage: Storage | None, *, address: str | None, resume: bool | str, max_concurrent: int | None,
+                overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
     if resume == "auto":  # a job that may run again (a Slurm requeue, a restarted pod) continues what it started
         storage = storage or Storage.open(Path("runs") / f"search-{load_search(path, overrides).name}")
         if not storage.local:
@@ -516,13 +530,30 @@ def run_search(
     for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
         print(adjustment, flush=True)
     writable_folder(search_dir, "the search" if not store.remote else f"the working copy of {store}")
-    # One driver per search folder, from before anything is written to the end of the reports (--resume too).
+    # One driver per search folder, from before anything is written to the end of the reports (--resume too): an flock on
+    # the folder this machine works in, and for a storage a lease in the storage itself (drivers on other machines).
     lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
+    lease = None
     try:
+        if store.remote:
+            lease = store.lease = Lease(store.storage, SEARCH_LEASE, "running this search").take()
         remove_leftover_temporaries(search_dir)
-        return _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
-                          overrides=overrides, progress_every_s=progress_every_s)
+        outcome = _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
+                             overrides=overrides, progress_every_s=progress_every_s)
+    except StorageError:
+        if lease is not None:
+            lease.release(reachable=False)  # the storage just failed: asking it again only waits for its retries
+        raise
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    else:
+        if lease is not None:
+            lease.release()
+        return outcome
     finally:
+        store.lease = None
         lock.release()
 
 
@@ -542,7 +573,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
 
     search_dir = store.local
     marker = search_dir / MARKER
-    command = resume_command(path, store.storage, overrides)
+    command = resume_command(path, store.storage, overrides, address, max_concurrent)
     if store.holds_search() and not resume:
         raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
     if resume:
@@ -556,8 +587,13 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         repaired = repair_ledger(search_dir, plan.metric, command)
         if repaired:
             print(repaired, flush=True)
+        retried = store.attach(Ledger(search_dir / "trials.jsonl")).retry_failed()
+        if retried:  # Tune's saved state holds them as errored: the searcher is rebuilt from the ledger, which trains them again
+            print(f"{len(retried)} trial(s) that failed for a cause outside them (a process, a node or the storage) are trained "
+                  "again", flush=True)
         store.fold()  # the storage's ledger is the working copy's, whole
     else:
+        retried = []
         store.start_afresh()
     ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
     with Interrupts(command) as interrupts, store.driving():
@@ -576,7 +612,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 store.put(MARKER)
             view = ProgressView(ledger, plan, every_s=progress_every_s)
             try:
-                _fit(plan, store, resume, max_concurrent, view, interrupts)
+                _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
             except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
                 reason = _write_failure_in(err) if interrupts.phase == "fit" else None
                 if reason is None:
@@ -674,8 +710,10 @@ def damaged_tune_state(experiment: Path) -> Path | None:
     return None
 
 
-def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts) -> None:
-    """Build (or restore) the Tuner and run it until the search ends or a signal stops it."""
+def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
+         rebuild: bool = False) -> None:
+    """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
+    the ledger, its saved state set aside (it holds trials as errored that the search trains again)."""
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
@@ -685,7 +723,8 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     for name in QUIET_WHEN_INTERRUPTED:
         logging.getLogger(name).addFilter(quiet)
     state_failure = _StateWriteFailure(interrupts, store)
-    logging.getLogger(EXPERIMENT_STATE_LOG).addFilter(state_failure)
+    for name in STATE_LOGS:
+        logging.getLogger(name).addFilter(state_failure)
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
@@ -701,7 +740,9 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     if damaged is not None:  # e.g. written while the disk filled up: the ledger has the search, Tune starts anew
         store.set_aside("tune", "tune.damaged")
         warn(f"{damaged}: Ray Tune's saved state is damaged (moved to tune.damaged/); the search continues from its ledger")
-    if resume and damaged is None and tune.Tuner.can_restore(str(experiment)):
+    elif resume and rebuild:
+        store.set_aside("tune", "tune.before-retry")
+    if resume and damaged is None and not rebuild and tune.Tuner.can_restore(str(experiment)):
         # Errored trials stay failed, as the ledger records them; trials still running when the driver
         # stopped resume from their checkpoints (trials.run_trial reports ledger-pruned ones at once).
         tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -726,4 +767,5 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     finally:
         for name in QUIET_WHEN_INTERRUPTED:
             logging.getLogger(name).removeFilter(quiet)
-        logging.getLogger(EXPERIMENT_STATE_LOG).removeFilter(state_failure)
+        for name in STATE_LOGS:
+            logging.getLogger(name).removeFilter(state_failure)

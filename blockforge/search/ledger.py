@@ -76,6 +76,7 @@ class TrialRecord:
     run_dir: str = ""
     note: str = ""
     promoted: str = ""  # why a pruned model was brought back to the full budget (empty: it was not); a finalist from then on
+    retry: bool = False  # failed for a cause outside the trial (its process, node or storage): a resume trains it again
     seq: int = 0  # the ledger's line number when written (0: a ledger from before it), so two copies merge in order
 
 
@@ -86,7 +87,7 @@ LEGACY_PROMOTED = "promoted:"  # ledgers written before `promoted` was a field k
 # What a record's fields must hold to be one (a line of any other JSON, or a field of another type, is not a record).
 _KINDS = {"cell": str, "trial": int, "status": str, "stage": str, "seed": int, "model": str, "identity": str, "overrides": dict,
           "steps": int, "metric": str, "metrics": dict, "costs": dict, "run_dir": str, "note": str, "promoted": str, "seq": int,
-          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None))}
+          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None)), "retry": bool}
 
 
 def parse_record(line: str) -> TrialRecord | None:
@@ -178,6 +179,16 @@ class Ledger:
     def latest(self, cell: str, trial: int) -> TrialRecord | None:
         """The latest record of trial `trial` of `cell`, if any."""
         return self._held().get((cell, trial))
+
+    def retry_failed(self) -> list[TrialRecord]:
+        """Every trial whose latest record is a failure for a cause outside it ends as interrupted: the resumed search trains
+        it again (a failure is never an answer when its node, process or storage was at fault)."""
+        again = [replace(r, status=Status.INTERRUPTED, retry=False,
+                         note=f"failed for a cause outside the trial ({r.note}); trained again on resume") for r in self.records()
+                 if r.status == Status.FAILED and r.retry]
+        for record in again:
+            self.append(record)
+        return again
 
     def mark_interrupted(self, note: str) -> list[TrialRecord]:
         """Every trial still recorded as running ends as interrupted (a resumed search takes it up again)."""

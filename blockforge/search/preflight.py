@@ -63,8 +63,11 @@ def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None, 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpu_memory = _driver_gpu_memory(plan, nodes) if address is None or not address.startswith("ray://") else None
     check_nodes(plan, needs, nodes, gpu_memory)
+    workers = [n for n in nodes if n["Resources"].get("CPU", 0) > 0 or n["Resources"].get("GPU", 0) > 0]
     if store is not None and not store.remote:
-        check_shared_folder(store.local, [n for n in nodes if n["Resources"].get("CPU", 0) > 0 or n["Resources"].get("GPU", 0) > 0])
+        check_shared_folder(store.local, workers)
+    elif store is not None:
+        check_storage_on_nodes(store.storage, workers)
 
 
 SEEN_TIMEOUT_S = 60.0  # how long the per-node check of a local search folder may take (a node that must start a worker first)
@@ -100,6 +103,56 @@ def check_shared_folder(folder: Path, nodes: list[dict], what: str = "this searc
                     "filesystem every node mounts (NFS), or in an object store: --out s3://BUCKET/PREFIX (or gs://...)")
     finally:
         marker.unlink(missing_ok=True)
+
+
+# What a node's environment needs for a storage: the variables whose names start so (credentials, endpoints, regions).
+STORAGE_VARIABLES = ("AWS_", "GOOGLE_", "GCS_", "GCE_", "CLOUDSDK_", "AZURE_", "AZURE_STORAGE_")
+
+
+def check_storage_on_nodes(storage, nodes: list[dict]) -> None:
+    """Every node that can run a trial (the driver's own too: a cluster's nodes keep the environment `ray start` had)
+    writes, reads back and removes a probe object in the search's storage, one small task per node, before the first
+    trial. A node that cannot is refused by name, with the storage variables this driver has and it lacks."""
+    import os
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not nodes:
+        return
+    here = sorted(name for name in os.environ if name.startswith(STORAGE_VARIABLES))
+    probe = ray.remote(num_cpus=0)(_reaches)
+    pending = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(storage.uri, here)
+               for node in nodes}
+    for node in nodes:
+        try:
+            found = ray.get(pending[node["NodeID"]], timeout=SEEN_TIMEOUT_S)
+        except Exception as err:  # the node did not answer: it cannot be shown to reach the storage
+            found = {"reason": f"no answer ({type(err).__name__})", "missing": []}
+        if found is True:
+            continue
+        where = node.get("NodeManagerAddress", "?")
+        missing = found.get("missing") or []
+        fix = (f"that node lacks {', '.join(missing)}, which this driver has: set them where that node's `ray start` runs "
+               "(its environment is its workers'), then start the search again") if missing else \
+            "check that node's network, endpoint and credentials, then start the search again"
+        raise BlockforgeError(f"{storage}: node {where} (id {node['NodeID'][:12]}) cannot reach the search's storage "
+                              f"({found.get('reason')}), so no trial could run there; {fix}")
+
+
+def _reaches(uri: str, names: list[str]):
+    """Run on one node: True if it writes, reads back and removes a probe object at `uri`; else why not, and which of the
+    driver's storage variables (`names`) this node lacks."""
+    import os
+
+    from blockforge.storage import Storage
+
+    try:
+        Storage.open(uri).check()
+        return True
+    except Exception as err:  # a StorageError's reason, or what opening the storage said
+        reason = getattr(err, "reason", "") or str(err).split(": ", 1)[-1].split(";")[0]
+        return {"reason": reason, "missing": [name for name in names if name not in os.environ]}
 
 
 def _sees(path: str, token: str):

@@ -323,6 +323,7 @@ class RungTable:
         self.values = {rung: [] for rung in self.rungs}  # rung -> sign * value of every trial there, sorted
         self.reached: dict[int, dict[int, float]] = {}  # trial number -> rung -> its sign * value there
         self.curves = 0  # full-budget curves of the base seed
+        self.with_curve: set[int] = set()  # the trials whose full-budget curve is in: one curve a trial, however often recorded
         self.crossing = dict.fromkeys(self.rungs, 0.0)  # rung -> the largest margin overtaken there on the base seed
         self.orders: dict[int, dict[int, SeedOrder]] = {rung: {} for rung in self.rungs}  # rung -> seed -> its curves
         metric = plan.metric
@@ -331,7 +332,7 @@ class RungTable:
                 for step, value in sorted(curve_of(record.run_dir, metric).items()):
                     self.observe(record.trial, step, value)
             if record.status == Status.COMPLETED and record.value is not None and record.run_dir and record.stage not in APART:
-                self.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, metric), record.value))
+                self.add_curve(Curve(record.model or record.identity, record.seed, curve_of(record.run_dir, metric), record.value), record.trial)
 
     def observe(self, number: int, step: int, value: float) -> None:
         """Trial `number` reported `value` at `step`: the rungs it reaches here for the first time hold it."""
@@ -346,9 +347,14 @@ class RungTable:
         for rung, value in self.reached.pop(number, {}).items():
             self.values[rung].pop(bisect.bisect_left(self.values[rung], value))
 
-    def add_curve(self, curve: Curve) -> None:
-        """A full-budget curve: placed among the earlier ones of its seed at each rung (SeedOrder); the base seed's
-        crossings set the rung's margin."""
+    def add_curve(self, curve: Curve, number: int) -> None:
+        """Trial `number`'s full-budget curve: placed among the earlier ones of its seed at each rung (SeedOrder); the base
+        seed's crossings set the rung's margin. A trial recorded twice (its end read back from its run folder on resume, then
+        reported again by the trial Tune restarts) is one curve."""
+        seen = self.__dict__.setdefault("with_curve", set())  # (a table unpickled from a search saved before it had one)
+        if number in seen:
+            return
+        seen.add(number)
         if curve.seed == self.base_seed:
             self.curves += 1
         final = self.sign * curve.final

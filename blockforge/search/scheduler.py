@@ -86,7 +86,7 @@ class CellScheduler(FIFOScheduler):
         store.pull_run(str(run_dir))  # its curve, as the trial put it up (a remote search's)
         curve = Curve(config["model"] or config["identity"], dict(config["overrides"])[SEED_KEY], curve_of(run_dir, self.plan.metric),
                       result[self.plan.metric])
-        self.tables[config["cell"]].add_curve(curve)
+        self.tables[config["cell"]].add_curve(curve, config["number"])
 
     def on_trial_error(self, tune_controller, trial) -> None:
         """A trial that failed counts at no rung."""

@@ -11,6 +11,7 @@ its node (`trial_folder`) and keeps the run folder in the storage up to date bef
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 import shutil
@@ -18,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from blockforge.errors import FolderInUseError
+from blockforge.errors import BlockforgeError, FolderInUseError
 from blockforge.search.config import MARKER, trial_rel
 from blockforge.search.ledger import SEGMENTS, Ledger, TrialRecord, merged, parse_record, segment_name
 from blockforge.storage import Mirror, Storage, cache_root
@@ -58,6 +59,7 @@ class SearchStore:
         self.remote = not storage.local
         self._pulled: set[str] = set()  # run folders whose records this driver has taken down finished
         self._segments = 0  # records put up as segments since the last fold
+        self.lease = None  # storage.Lease: this driver's hold on a remote search, checked before each record goes up
 
     @classmethod
     def of(cls, where: "SearchStore | Storage | str | os.PathLike") -> "SearchStore":
@@ -158,14 +160,45 @@ class SearchStore:
         return ledger
 
     def _put_segment(self, record: TrialRecord, line: bytes) -> None:
+        self._still_ours()
         self.storage.write_bytes(segment_name(record), line)
         self._segments += 1
         if self._segments >= FOLD_EVERY:
             self.fold()
 
+    def _still_ours(self) -> None:
+        """Refuse to write for a driver whose lease another driver took (this one was thought gone): a write failure, so
+        the search stops as on a full disk."""
+        from blockforge.errors import BlockforgeError, FolderInUseError
+        from blockforge.storage import StorageError
+
+        if self.lease is not None:
+            try:
+                self.lease.check()
+            except FolderInUseError as err:
+                raise StorageError(str(err).split(";")[0] + "; this driver stopped writing there", reason="another driver holds it",
+                                   fix="let that driver finish, or stop it and resume this search") from None
+
+    @staticmethod
+    def located(err: BlockforgeError, storage: Storage | None) -> BlockforgeError:
+        """`err` naming the storage's objects where it names the driver's working copy of them (a sentence about a file of
+        the search read in the copy is about the object); a failed write of the copy itself (its disk) is left as it is."""
+        from blockforge.errors import WriteError
+
+        if storage is None or storage.local or isinstance(err, WriteError):
+            return err
+        local = str(storage.working_copy())
+        text = str(err)
+        if local not in text:
+            return err
+        located = copy.copy(err)
+        located.args = (text.replace(local, str(storage)),)
+        return located
+
     def fold(self) -> None:
         """Put up the ledger's two copies whole, then remove the segments they now hold."""
         if self.remote:
+            self._still_ours()
             self.put(*LEDGER_FILES)
             self.storage.delete(SEGMENTS)
             for part in (self.local / SEGMENTS).glob("*.jsonl"):
@@ -232,7 +265,15 @@ def trial_folder(storage: Storage, cell: str, identity: str) -> Iterator[tuple[P
         storage.write_bytes(f"{rel}/{ATTEMPT}", token)  # from now on, an older attempt still running (a stopped driver's) writes nothing
 
         def still_mine() -> None:
-            if storage.read_bytes(f"{rel}/{ATTEMPT}") != token:
+            held = storage.read_bytes(f"{rel}/{ATTEMPT}")
+            if held is None:  # not replaced: gone, with whatever else of the run folder the storage lost
+                from blockforge.storage import StorageError
+
+                raise StorageError(f"{storage}/{rel}: the storage lost this trial's files while it trained (its attempt record is gone)",
+                                   reason="the storage lost the trial's files",
+                                   fix="restore them if a copy exists (a lifecycle rule, a person or another search removed them), "
+                                       "or let the resume train the trial again from its start")
+            if held != token:
                 raise Superseded(f"{storage}/{rel}: a newer attempt of this trial writes it now")
 
         mirror.before_push = still_mine

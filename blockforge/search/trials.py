@@ -99,16 +99,19 @@ def _report_recorded_end(config: dict, plan: SearchPlan, storage: Storage) -> bo
 def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
     `search`: the search folder, a local path or a URI (blockforge.storage)."""
+    from blockforge.errors import BlockforgeError, FolderInUseError
+    from blockforge.search.stages.base import FAILURE
     from blockforge.search.store import Superseded
 
-    storage = Storage.open(search)
+    storage = search
     try:
+        storage = Storage.open(search)  # inside: a node that cannot open the storage stops the search, it does not fail trials
         if _report_recorded_end(config, plan, storage):
             return
         _train(config, plan, storage)
     except Superseded:
         return  # this attempt outlived its driver, and a resumed search runs the trial again: it leaves the run to that one
-    except WriteError as err:
+    except WriteError as err:  # a full disk, a storage that cannot be reached or lost the trial's files: the search stops
         _stop_search_for(err, plan.penalty)
     except OSError as err:  # a write outside the run's own checked writes
         reason = write_failure(err)
@@ -116,6 +119,12 @@ def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
             raise
         _stop_search_for(WriteError(f"{storage}/{trial_rel(config['cell'], config['identity'])}: cannot write the trial's files "
                                     f"({reason}); free space there"), plan.penalty)
+    except FolderInUseError:
+        raise  # another process trains its run folder: Tune's retry, then a failure a resume takes up again
+    except BlockforgeError as err:  # its own reason to fail (its spec, its data): one sentence in the ledger, not retried
+        from ray import tune
+
+        tune.report({FAILURE: str(err), OBJECTIVE: plan.penalty})  # no step: neither ASHA nor the sampler takes it for a result
 
 
 WRITE_ERROR = "write_error"  # a result key: the trial could not write, and the search stops (see driver.Interrupts)

@@ -12,6 +12,7 @@ from blockforge.io import atomic_write_text, writes_into
 class RunLog:
     def __init__(self, run_dir: Path, *, tensorboard: bool = False, enabled: bool = True):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.run_dir = Path(run_dir)
         self.enabled = enabled  # only the main process of a data-parallel run writes
         self._tensorboard = self._open_tensorboard(run_dir) if tensorboard and enabled else None
 
@@ -28,17 +29,29 @@ class RunLog:
             return
         with writes_into(self.path.parent, self.path.name), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._scalars(record)
+
+    def _scalars(self, record: dict) -> None:
         if self._tensorboard is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tensorboard.add_scalar(key, value, record["step"])
 
     def trim(self, step: int) -> None:
-        """Drop lines past `step` (the checkpoint being resumed), so the log reads as one clean run."""
+        """Drop lines past `step` (the checkpoint being resumed), so the log reads as one clean run; TensorBoard's event
+        files, which cannot be cut, are written again from what is kept (one scalar a step, however often it resumed)."""
         if not self.enabled or not self.path.exists():
             return
         kept = [line for line in self.path.read_text().splitlines() if _step(line) <= step]
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            for old in (self.run_dir / "tensorboard").glob("events.out.tfevents.*"):
+                old.unlink()
+            self._tensorboard = self._open_tensorboard(self.run_dir)
+            for line in kept:
+                self._scalars(json.loads(line))
+            self._tensorboard.flush()
 
     def close(self) -> None:
         if self._tensorboard is not None:

@@ -231,3 +231,26 @@ def test_a_signal_through_the_python_api_interrupts_after_the_step(tmp_path, rec
     assert result.status == "interrupted" and result.step == 7 and result.signal == signal.SIGTERM
     assert (tmp_path / "run" / "checkpoints" / "step-00000007").is_dir()
     assert signal.getsignal(signal.SIGTERM) is previous  # the handlers are put back
+
+
+def test_a_resumed_run_writes_each_tensorboard_scalar_once(tmp_path, recipe_file):
+    """A run killed after its checkpoint of step 5 logged steps 6-10 already; resumed, it logs them again. metrics.jsonl
+    is cut back to the checkpoint, and TensorBoard's event files (which cannot be cut) are written again from it."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = recipe_file(steps=10, checkpoint_every=5, eval_every=5, log_every=1, grad_norm_every=0)
+    recipe = load_recipe(path, [Assignment("train.tensorboard", True)])
+    train(recipe, tmp_path / "run", progress=False)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-00000010")  # as if killed after step 10 was logged, before its checkpoint
+    (tmp_path / "run" / "checkpoints" / "latest.json").unlink()
+    (tmp_path / "run" / "result.json").unlink()
+    train(recipe, tmp_path / "run", resume=True, progress=False)
+    files = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    events = EventAccumulator(str(files[0]))
+    events.Reload()
+    steps = [event.step for event in events.Scalars("loss")]
+    assert steps == list(range(1, 11))
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx(list(losses(tmp_path / "run").values()))

@@ -77,10 +77,14 @@ class Trial:
                 **({"continues": self.continues} if self.continues else {})}
 
 
+FAILURE = "failure"  # a result key: the trial cannot train for a reason of its own (its spec, its data), in one sentence
+
+
 def ended_status(result: dict, error: bool, steps: int) -> str:
-    """How a trial with a budget of `steps` ended, from its last result: failed (it raised), diverged, pruned (stopped
-    before its budget) or completed. The searcher records it; the scheduler's rungs take completed curves by it."""
-    if error:
+    """How a trial with a budget of `steps` ended, from its last result: failed (it raised, or said why it cannot train),
+    diverged, pruned (stopped before its budget) or completed. The searcher records it; the scheduler's rungs take
+    completed curves by it."""
+    if error or FAILURE in result:
         return Status.FAILED
     if result.get("diverged"):
         return Status.DIVERGED
