@@ -329,6 +329,17 @@ class Storage:
             elif kind == pafs.FileType.File:
                 self.fs.delete_file(path)
 
+    def copy_file(self, rel: str, to: str) -> None:
+        """Copy one file inside the storage (for an object store, without taking it down)."""
+        with self.failing_as(f"copy {rel}"):
+            if self.local:
+                import shutil
+
+                Path(self.path(to)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.path(rel), self.path(to))
+            else:
+                self.fs.copy_file(self.path(rel), self.path(to))
+
     def move(self, rel: str, to: str) -> None:
         """Move a folder inside the storage (what `to` held goes first)."""
         self.delete(to)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
@@ -49,6 +50,19 @@ class SearchContext:
 
     def proxy_records(self) -> list[TrialRecord]:
         return [record for cell in self.proxies() for record in cell.records()]
+
+    def thin(self, cell: "Cell") -> None:
+        """A cell is done: no stage will continue its trials, so each keeps only its final weights (unless the plan keeps
+        checkpoints). A resumed driver that finds the cell done thins what is left; nothing it runs needs what went."""
+        if getattr(self.plan, "keep_checkpoints", None) is not None:
+            return
+        from blockforge.search.store import thin_run
+
+        store = self.store.rebound()
+        for record in cell.records():
+            if record.run_dir and record.status in TRAINED_END:
+                thin_run(store.storage, Path(record.run_dir).relative_to(store.local).as_posix() if Path(record.run_dir).is_absolute()
+                         else record.run_dir)
 
     def computed_costs(self, recipe) -> dict[str, float]:
         """The computed costs the search's objectives and constraints name, once per architecture."""
@@ -150,6 +164,7 @@ class Cell:
                 self.answered = self.answered or not stage.answers
                 return bool(self.queue)
         self.finished = self.answered = True
+        self.context.thin(self)
         return False
 
     def next(self, trial_id: str) -> dict | None:

@@ -235,6 +235,7 @@ class SearchPlan:
     search_data: dict = field(default_factory=dict)  # the search file's data as read: search.json keeps it with base_data
     guide: Guide | None = None  # law-guided cells (spec/search.py Guide)
     order: list[str] = field(default_factory=list)  # with guide: the proxy cells in the order they run (the first guide the rest)
+    keep_checkpoints: int | None = None  # each trial's newest whole checkpoints kept (None: thinned to final weights when done)
     # Where the driver prepared the trials' data (search/datasets.py): set_key -> the set's folder or URI. Not part of
     # the fingerprint or of any trial's identity: it says where rows are read from, not which.
     prepared: dict[str, str] = field(default_factory=dict)
@@ -354,6 +355,16 @@ class SearchPlan:
             if where is not None:
                 recipe.data = dataclasses.replace(recipe.data, prepared=where)
         return recipe
+
+    @property
+    def continues_completed(self) -> bool:
+        """Whether a later stage may continue a trial that completed (the length check, from its checkpoint)."""
+        return self.confirm is not None and self.confirm.length is not None
+
+    @property
+    def checkpoints_kept(self) -> int:
+        """Whole checkpoints a trial keeps while it trains: the plan's keep_checkpoints, else only the newest."""
+        return getattr(self, "keep_checkpoints", None) or 1
 
     def fingerprint(self) -> str:
         """What the search was started with: the search file's data, its base recipe's and the --set overrides
@@ -617,6 +628,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         settings=settings, confirm=spec.confirm, workdir=workdir,
         inputs_hash=stable_hash({"file": raw, "base": load.base_data, "set": [[key, value] for key, value in given]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
+        keep_checkpoints=spec.keep_checkpoints,
     )
     _check_length(spec, plan, fail)
     if spec.guide is not None:

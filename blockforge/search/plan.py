@@ -98,6 +98,7 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
                        "lrrr" + "r" * (len(stages) + 2))
     lines = [f"Compute plan of {plan.name} (worst case; FLOPs as in blockforge.search.plan):", table]
     lines += guided_lines(plan, cells)
+    lines += storage_lines(plan, cells)
     if plan.confirm is not None and plan.confirm.length is not None:
         lines.append(f"length: the check's continuations counted in trials of the cell's own length (to {max(plan.confirm.length.factors):g}x the "
                      "steps, each length continuing from the one before).")
@@ -120,6 +121,43 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
                      f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(max(spread, chain))} of wall time "
                      f"(the GPU-hours spread over them: {_duration(spread)}; stages that follow one another: {_duration(chain)}, {longest}).")
     return "\n".join(lines)
+
+
+# A checkpoint: float32 weights (4 bytes a parameter) and Adam's two moments (8 more); a run kept for reading only keeps 4.
+WEIGHT_BYTES, CHECKPOINT_BYTES = 4, 12
+
+
+def storage_bytes(plan: SearchPlan, cells: list[CellPlan]) -> tuple[int, int]:
+    """(at most while the search runs, at its end): what its trials keep. By default a trial keeps its final weights; its
+    newest checkpoint with the optimizer state stays while a later stage may continue it (a run stopped early in a cell that
+    stops trials, or every run of a cell with a length check), until its cell is done. With keep_checkpoints, each trial
+    keeps that many whole checkpoints."""
+    keep = getattr(plan, "keep_checkpoints", None)
+    at_most = end = 0
+    for c in cells:
+        if keep is not None:
+            at_most += c.total_trials * keep * CHECKPOINT_BYTES * c.parameters
+            end += c.total_trials * keep * CHECKPOINT_BYTES * c.parameters
+            continue
+        continued = plan.continues_completed or (not c.target and plan.stops_early(c.cell))
+        at_most += c.total_trials * (CHECKPOINT_BYTES if continued else WEIGHT_BYTES) * c.parameters
+        end += c.total_trials * WEIGHT_BYTES * c.parameters
+    running = (plan.max_concurrent or 1) * CHECKPOINT_BYTES * max((c.parameters for c in cells), default=0)
+    return at_most + running, end
+
+
+def storage_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
+    at_most, end = storage_bytes(plan, cells)
+    kept = (f"each trial's {plan.keep_checkpoints} newest checkpoints with optimizer state (keep_checkpoints)" if getattr(plan, "keep_checkpoints", None)
+            else "each trial's final weights; a checkpoint with optimizer state only while a later stage may continue its run")
+    return [f"storage: at most {_size(at_most)} while it runs, {_size(end)} at the end ({kept}; runs' logs and the prepared data aside)"]
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 1e3:,.0f} kB"
 
 
 def guided_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:

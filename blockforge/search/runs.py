@@ -77,7 +77,8 @@ def finished_without_result(run_dir: str | Path, metric: str) -> RunEnd | None:
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
     logged = last_evaluation(run_dir, steps) if isinstance(steps, int) else None
-    if not logged or metric not in logged or not (Path(run_dir) / "checkpoints" / f"step-{steps:08d}" / "state.json").is_file():
+    kept = (Path(run_dir) / "checkpoints" / f"step-{steps:08d}" / "state.json").is_file() or (Path(run_dir) / "model.safetensors").is_file()
+    if not logged or metric not in logged or not kept:  # its last checkpoint, or the final weights a finished run keeps
         return None
     return RunEnd(Status.COMPLETED, steps, logged, logged[metric])
 

@@ -296,3 +296,20 @@ def _remove_ended(root: Path, keep: Path) -> None:
             continue  # a trial trains there now
         lock.release()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def thin_run(storage: Storage, rel: str) -> int:
+    """Thin the run folder `rel` of the search in `storage` to its final weights (train.checkpoint.keep_final_weights), in the
+    storage itself: the newest whole checkpoint's weights copied up a level, then the checkpoints removed. Bytes freed."""
+    if storage.local:
+        from blockforge.train.checkpoint import keep_final_weights
+
+        return keep_final_weights(Path(storage.uri) / rel)
+    files = storage.listing(f"{rel}/checkpoints")
+    whole = sorted(name.split("/")[0] for name in files if name.endswith("/state.json") and f"{name.split('/')[0]}/model.safetensors" in files)
+    if not whole:
+        return 0
+    if not storage.exists(f"{rel}/model.safetensors"):
+        storage.copy_file(f"{rel}/checkpoints/{whole[-1]}/model.safetensors", f"{rel}/model.safetensors")
+    storage.delete(f"{rel}/checkpoints")
+    return sum(size for size, _ in files.values()) - files[f"{whole[-1]}/model.safetensors"][0]

@@ -162,7 +162,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
 
     from blockforge.search.runs import damaged_result, last_evaluation, run_end
     from blockforge.search.store import trial_folder
-    from blockforge.train.checkpoint import checkpoint_folders
+    from blockforge.train.checkpoint import checkpoint_folders, keep_final_weights
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
 
@@ -185,7 +185,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             start_from(storage, config["continues"], run_dir)
         resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
         with data_parallel_peers(recipe, run_dir, workers, resume):
-            trainer = Trainer(recipe, run_dir, resume=resume, progress=False)
+            trainer = Trainer(recipe, run_dir, resume=resume, progress=False, keep_checkpoints=plan.checkpoints_kept)
             with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
                 f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
                                     "workers": workers, "start_step": trainer.state["step"]}) + "\n")
@@ -193,6 +193,8 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             for event in trainer.iterate():
                 metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
                 value = plan.penalty if event.diverged else metrics[plan.metric]
+                if event.done and not (plan.continues_completed and not event.diverged) and plan.keep_checkpoints is None:
+                    keep_final_weights(run_dir)  # nothing will continue it: its final weights, without optimizer state
                 push()  # the storage holds what Tune is told (a stop may come inside report, and nothing after it runs)
                 reported = True
                 tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})

@@ -276,6 +276,9 @@ class SearchFile:
     divergence: Divergence = field(default_factory=Divergence)
     resources: Resources = field(default_factory=Resources)
     max_concurrent: int | None = None
+    # Whole checkpoints (with optimizer state) each trial keeps, the newest first; default: its final weights, and its newest
+    # checkpoint only while a later stage may continue it
+    keep_checkpoints: int | None = None
     confirm: Confirm | None = None
     transfer: Transfer | None = None
     guide: Guide | None = None
@@ -291,6 +294,7 @@ class SearchFile:
         _at_least(self.steps, 1, "steps")
         _at_least(self.trials_per_cell, 1, "trials_per_cell")
         _at_least(self.max_concurrent, 1, "max_concurrent")
+        _at_least(self.keep_checkpoints, 1, "keep_checkpoints")
         if self.confirm is not None:
             self._check_confirm()
 

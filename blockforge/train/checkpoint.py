@@ -2,7 +2,8 @@
 
 A checkpoint is a folder `checkpoints/step-NNNNNNNN/` written completely (as `.partial-step-NNNNNNNN/`,
 then renamed) before `checkpoints/latest.json` is atomically switched to it, so a run killed at any
-moment leaves the previous checkpoint intact; the last two are kept. Each safetensors file carries a
+moment leaves the previous checkpoint intact; the last two are kept (a search's trials keep one, and a run no stage will
+continue keeps only its final weights: keep_final_weights). Each safetensors file carries a
 checksum, the weights also the resolved spec they belong to, and state.json the checksums of the three
 files, so a checkpoint is read back only whole and unchanged (see tensorfile). Resuming takes the newest
 intact checkpoint and says which one it skipped, and why.
@@ -145,6 +146,27 @@ def _prune(root: Path, step: int, keep: int) -> None:
             kept += 1
             continue
         shutil.rmtree(folder, ignore_errors=True)
+
+
+FINAL = "model.safetensors"  # in a run folder kept for reading only: the weights of its newest checkpoint, without the rest
+
+
+def keep_final_weights(run_dir: Path) -> int:
+    """Thin a run nothing will continue to its final weights: the newest whole checkpoint's model.safetensors becomes the
+    run folder's own (what load, eval, export and analyze read), then the checkpoints (optimizer and RNG states) go.
+    Either order of a kill leaves a readable run. Returns the bytes freed."""
+    run_dir = Path(run_dir)
+    whole = [folder for folder in checkpoint_folders(run_dir) if (folder / "state.json").is_file() and (folder / FINAL).is_file()]
+    if not whole:
+        return 0
+    freed = sum(f.stat().st_size for f in (run_dir / "checkpoints").rglob("*") if f.is_file())
+    with writes_into(run_dir, "the run's final weights", "free space there"):
+        if not (run_dir / FINAL).is_file():
+            staged = run_dir / f".{FINAL}.thin"
+            shutil.copyfile(whole[0] / FINAL, staged)
+            staged.replace(run_dir / FINAL)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return freed - (run_dir / FINAL).stat().st_size
 
 
 def save_checkpoint(

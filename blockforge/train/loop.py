@@ -36,7 +36,7 @@ from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
-from blockforge.train.checkpoint import apply_weights, checkpoint_folders, restore_training_state, resume_checkpoint, save_checkpoint
+from blockforge.train.checkpoint import KEEP, apply_weights, checkpoint_folders, restore_training_state, resume_checkpoint, save_checkpoint
 from blockforge.train.distributed import Parallel, World, agree_on_stop, barrier, init_world, mean_across
 from blockforge.train.events import Evaluation, Status, Step, TrainResult
 from blockforge.train.feed import Feed
@@ -110,12 +110,13 @@ class Trainer:
     """One training run. `callbacks` are called as callback(trainer, Step) after every optimizer step."""
 
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
-                 callbacks: list[Callable[["Trainer", Step], None]] | None = None):
+                 callbacks: list[Callable[["Trainer", Step], None]] | None = None, keep_checkpoints: int = KEEP):
         self.recipe = recipe
         self.cfg = cfg = recipe.train
         self.spec = recipe.spec
         self.family = get_family(self.spec.family)
         self.callbacks = list(callbacks or [])
+        self.keep_checkpoints = keep_checkpoints  # whole checkpoints kept, the newest first (a search's trials keep one)
         self.result: TrainResult | None = None  # set when the run ends
         self.last_loss: float | None = None  # the training loss of the last step read from the device
         self.run_dir = Path(run_dir)
@@ -261,7 +262,8 @@ class Trainer:
     def _checkpoint(self) -> Path | None:
         folder = None
         if self.world.is_main or self.sharded:  # sharded weights are gathered by every rank
-            folder = save_checkpoint(self.run_dir, self.model, self.optimizer, self.state, sharded=self.sharded, write=self.world.is_main)
+            folder = save_checkpoint(self.run_dir, self.model, self.optimizer, self.state, keep=self.keep_checkpoints, sharded=self.sharded,
+                                     write=self.world.is_main)
         barrier(self.world)
         return folder
 

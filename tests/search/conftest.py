@@ -80,7 +80,8 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
     return handed
 
 
-def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=None, node: Path | None = None) -> list[dict]:
+def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=None, node: Path | None = None,
+                 checkpoints: bool = False) -> list[dict]:
     """Run a CellSearcher and CellScheduler the way Tune does, one trial at a time, without Ray or training.
 
     Every trial handed out "trains" along `curve(config) -> {step: value}`: each evaluation is written to its
@@ -88,6 +89,9 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
     a value of None diverges there; otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
     A search kept in an object storage (the searcher's store is remote) has its trials write in a folder of their
     own node (`node`) and put the run folder up before each report, as trials do (search/trials.py).
+    `checkpoints`: each evaluation also writes a (stand-in) checkpoint, the trial keeping only its newest and thinning to
+    its final weights when it ends and nothing continues it, as trials do; a trial that continues a run (a longer
+    training's source, a pruned run brought back) asserts the checkpoint it needs is there.
     Returns the configs handed out."""
     import json
     import time
@@ -121,6 +125,8 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
         else:
             run_dir, mirror = Path(trial_dir(searcher.search_dir, config["cell"], config["identity"])), None
         run_dir.mkdir(parents=True, exist_ok=True)
+        if checkpoints:
+            _needs_checkpoints(searcher, config, run_dir)
         result, stopped = {}, False
         for step, value in sorted(curve(config).items()):
             if value is None:  # the run diverged here: it reports the penalty and the flag, and ends
@@ -130,6 +136,8 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
                 break
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "event": "eval", "val_loss": value}) + "\n")
+            if checkpoints:
+                _stand_in_checkpoint(run_dir, step)
             if mirror is not None:
                 mirror.push()
             result = {OBJECTIVE: value, "val_loss": value, "step": step}
@@ -137,9 +145,37 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
             if scheduler.on_trial_result(None, Trial(trial_id, config), result) == "STOP":
                 stopped = True
                 break
+        if checkpoints and not stopped and not searcher.plan.continues_completed:
+            from blockforge.train.checkpoint import keep_final_weights
+
+            keep_final_weights(run_dir)  # as a trial does at its end when nothing will continue it
         if not stopped:  # Tune tells the scheduler of the trials that end by themselves (it knows those it stopped)
             scheduler.on_trial_complete(None, Trial(trial_id, config), result)
         searcher.on_trial_complete(trial_id, result)
         if stop_after is not None and stop_after(handed):
             break
     return handed
+
+
+def _stand_in_checkpoint(run_dir: Path, step: int) -> None:
+    """A checkpoint folder as a trial leaves it (its newest only): state.json and the weights' file, as stand-ins."""
+    import shutil
+
+    folder = run_dir / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(f"weights at {step}".encode())
+    (folder / "state.json").write_text("{}")
+    for older in (run_dir / "checkpoints").glob("step-*"):
+        if older != folder:
+            shutil.rmtree(older)
+
+
+def _needs_checkpoints(searcher, config: dict, run_dir: Path) -> None:
+    """A trial that continues a run finds the checkpoint it continues from (thinning never took what a stage still needs)."""
+    from blockforge.search.config import trial_dir
+
+    source = config.get("continues")
+    if source:
+        assert list((Path(searcher.search_dir) / source / "checkpoints").glob("step-*/state.json")), f"{source} lost its checkpoint"
+    elif (run_dir / "metrics.jsonl").exists() and not (run_dir / "result.json").exists():  # a stopped run taken up again
+        assert list((run_dir / "checkpoints").glob("step-*/state.json")), f"{run_dir} was thinned before it was continued"

@@ -22,7 +22,7 @@ from .test_golden import NoScheduler, synthetic_curves
 
 ROOT = Path(__file__).resolve().parents[2]
 FINISHED = (Status.COMPLETED, Status.DIVERGED)
-SEARCHES = {"quickstart": 12, "kv-pareto-cpu": 18, "transfer-cpu": 40, "lr-check-cpu": 12, "length-cpu": 45}  # ~ its trials
+SEARCHES = {"quickstart": 12, "kv-pareto-cpu": 18, "transfer-cpu": 40, "lr-check-cpu": 12, "length-cpu": 45, "alpha-law-guided-cpu": 90}  # ~ its trials
 
 
 def searcher_and_scheduler(plan, folder, resume):
@@ -36,7 +36,7 @@ def test_a_search_killed_with_a_trial_in_flight_resumes_losing_nothing(name, par
     plan = load_search(ROOT / "searches" / f"{name}.yaml")
     folder, curve = tmp_path / name, synthetic_curves(plan)
     searcher, scheduler = searcher_and_scheduler(plan, folder, resume=False)
-    drive_curves(searcher, scheduler, curve, stop_after=lambda handed: len(handed) >= part * SEARCHES[name] // 3)
+    drive_curves(searcher, scheduler, curve, stop_after=lambda handed: len(handed) >= part * SEARCHES[name] // 3, checkpoints=True)
     in_flight = None
     for attempt in range(20000):  # the kill comes while the next trial trains: it was handed out, it never reported
         in_flight = searcher.suggest("killed")
@@ -49,7 +49,7 @@ def test_a_search_killed_with_a_trial_in_flight_resumes_losing_nothing(name, par
     before = {(r.cell, r.trial): r for r in ledger.records() if r.status in FINISHED}
 
     searcher, scheduler = searcher_and_scheduler(plan, folder, resume=True)
-    handed = drive_curves(searcher, scheduler, curve, limit=5000)
+    handed = drive_curves(searcher, scheduler, curve, limit=5000, checkpoints=True)
     records = Ledger(folder / "trials.jsonl").records()
     after = {(r.cell, r.trial): r for r in records}
     again = [c for c in handed if c["identity"] == in_flight["identity"]]  # the trial in flight, taken up under its own number
@@ -62,3 +62,7 @@ def test_a_search_killed_with_a_trial_in_flight_resumes_losing_nothing(name, par
     found = Findings.of(plan, records)
     for cell in plan.cell_names() + plan.target_names():
         assert found.evidence[cell].candidates, f"{cell} has no answer after the resume"
+    # Every cell done, every run keeps its final weights only (the kill came before, between or after thinnings).
+    runs = [Path(r.run_dir) for r in records if r.run_dir and r.status in (*FINISHED, Status.PRUNED)]
+    assert runs and not [run for run in runs if (run / "checkpoints").exists()]
+    assert all((run / "model.safetensors").is_file() for run in runs)

@@ -299,7 +299,9 @@ def test_confirmation_records_seeds_and_verdicts_and_export_takes_the_confirmed_
     from safetensors.torch import load_file
 
     exported = load_file(tmp_path / "model" / "model.safetensors")
-    trained = load_file(max(Path(evidence.winner.run_dirs[0]).glob("checkpoints/step-*/model.safetensors")))  # the last of the two kept
+    run = Path(evidence.winner.run_dirs[0])
+    assert not (run / "checkpoints").exists()  # its cell done, the run keeps its final weights only: no optimizer state
+    trained = load_file(run / "model.safetensors")
     assert all(torch.equal(exported[k], trained[k]) for k in exported)  # the winner's own weights
     assert blockforge.export.load(tmp_path / "model").spec.post_ln_count() == evidence.winner.post_ln_layers
 
