@@ -219,7 +219,8 @@ def _replaceable(out: Path, force: bool, run_dir: Path | None) -> None:
         raise BlockforgeError(f"{out}: is not empty; pass --force to replace the export in it, or choose another --out")
     if run_dir is not None and run_dir.resolve().is_relative_to(out.resolve()):
         raise BlockforgeError(f"{out}: holds the run folder {run_dir} itself; choose another --out")
-    if not (out / "model.safetensors").exists() or (out / "checkpoints").exists() or (out / "search.json").exists():
+    exported = any((out / name).exists() for name in ("model.safetensors", "model.gguf"))  # what each format writes its weights to
+    if not exported or (out / "checkpoints").exists() or (out / "search.json").exists():
         raise BlockforgeError(f"{out}: holds files that are not an earlier export, and --force replaces only an export; choose another --out")
 
 

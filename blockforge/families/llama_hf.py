@@ -245,6 +245,28 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")  # what a tokenizer is saved as
 
 
+def spec_of_config(folder: str | os.PathLike):
+    """The resolved spec a transformers folder's config.json configures, from the config alone (its model built on the meta
+    device: no weight is read or allocated). Anything it cannot configure is one ConversionError naming config.json."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(folder) / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(Path(folder), local_files_only=True)
+    except Exception as err:
+        raise ConversionError(f"{path} cannot be read by transformers ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if config.model_type not in DESIGNS:
+        raise ConversionError(f"{path} configures a model of type '{config.model_type}'; blockforge converts {', '.join(CONVERTED_TYPES)}")
+    try:
+        with torch.device("meta"), quiet_transformers():
+            skeleton = AutoModelForCausalLM.from_config(config)
+        return resolve(_spec_from_config(config, f"{path}", _layer_windows(skeleton), _layer_ropes(skeleton)))
+    except ConversionError:
+        raise
+    except Exception as err:  # noqa: BLE001 (a config transformers reads but no model is built from: zero layers, sizes that do not divide)
+        raise ConversionError(f"{path}: configures no model blockforge can build ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
 def load_hf_folder(folder: str | os.PathLike) -> nn.Module:
     """The causal language model in a local transformers folder, loaded with every weight from its files (a folder
     whose head or any other weight is missing is refused: transformers would draw it at random)."""
