@@ -182,10 +182,11 @@ class SearchStore:
     @staticmethod
     def located(err: BlockforgeError, storage: Storage | None) -> BlockforgeError:
         """`err` naming the storage's objects where it names the driver's working copy of them (a sentence about a file of
-        the search read in the copy is about the object); a failed write of the copy itself (its disk) is left as it is."""
+        the search read in the copy is about the object); a failed write of the copy itself (its disk) and its lock are left
+        as they are."""
         from blockforge.errors import WriteError
 
-        if storage is None or storage.local or isinstance(err, WriteError):
+        if storage is None or storage.local or isinstance(err, (WriteError, FolderInUseError)):  # the copy's disk, its lock
             return err
         local = str(storage.working_copy())
         text = str(err)

@@ -32,6 +32,7 @@ def parse_args():
     parser.add_argument("--object-store-mib", type=int, default=100)
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="set in this node's environment, so its Ray workers inherit it (repeatable)")
+    parser.add_argument("--unset", action="append", default=[], metavar="KEY", help="removed from this node's environment (repeatable)")
     return parser.parse_args()
 
 
@@ -54,6 +55,8 @@ def main() -> None:
         if not sep:
             sys.exit(f"isolated_node.py: --env wants KEY=VALUE, got {item!r}")
         os.environ[key] = value  # before the raylet starts: it and its workers inherit os.environ
+    for key in args.unset:
+        os.environ.pop(key, None)
 
     stop = threading.Event()
     # Our own handlers, not Ray's (shutdown_at_exit=False): Ray's SIGTERM handler drains the node first, which only

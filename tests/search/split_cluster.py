@@ -49,10 +49,11 @@ class SplitCluster:
     in each worker node's environment, so its Ray workers see it; timeout_s: for a node to come up or be declared
     dead."""
 
-    def __init__(self, hidden: Path, worker_cpus: int = 2, env: dict | None = None, timeout_s: float = 60):
+    def __init__(self, hidden: Path, worker_cpus: int = 2, env: dict | None = None, timeout_s: float = 60, unset: tuple = ()):
         self.hidden = Path(hidden).resolve()
         self.worker_cpus = worker_cpus
         self.env = dict(env or {})
+        self.unset = tuple(unset)  # variables a worker node lacks although this process has them (a node set up without them)
         self.timeout_s = timeout_s
         self.workers: list[_Worker] = []  # live worker nodes, oldest first
         self.cluster: Cluster | None = None
@@ -117,7 +118,7 @@ class SplitCluster:
         self._started += 1
         log = self._tmp / f"worker{self._started}"
         cmd = [*UNSHARE, sys.executable, str(NODE_SCRIPT), "--gcs", self.cluster.address, "--hide", str(self.hidden),
-               "--num-cpus", str(self.worker_cpus), *[f"--env={k}={v}" for k, v in self.env.items()]]
+               "--num-cpus", str(self.worker_cpus), *[f"--env={k}={v}" for k, v in self.env.items()], *[f"--unset={k}" for k in self.unset]]
         # stdout and stderr to files, not pipes: nobody reads the node's output after start-up, and a full pipe
         # would block it. A session of its own: a Ctrl-C at the terminal reaches us, not the node directly.
         with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:

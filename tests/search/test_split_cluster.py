@@ -67,3 +67,29 @@ def test_a_search_on_nodes_that_share_no_disk_refuses_a_local_folder_and_in_obje
     first, again = report["attempts"]
     assert first["start_step"] == 0 and again["start_step"] >= report["replaced_at"][1] > 0
     assert again["node_id"] != first["node_id"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
+def test_the_faults_of_a_cluster_are_found_before_the_first_trial_and_resumes_run_where_the_search_ran(tmp_path):
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_faults_check.py")), str(tmp_path)],
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # A worker node without the storage's variables: refused before any trial, naming the node and what it lacks.
+    refused = report["refused"]
+    assert refused is not None and "cannot reach the search's storage" in refused and "AWS_ENDPOINT_URL" in refused, refused
+    assert "s3fs" not in refused and report["written_when_refused"] == []
+    # A second driver of the same search is refused naming the first.
+    assert report["second"]["rc"] == 2 and "which is running this search" in report["second"]["stderr"][-1], report["second"]
+    # SIGTERM: the resume line keeps --address; run as printed it continues the trial on the cluster from its checkpoint.
+    assert report["first"]["rc"] == 143 and report["stopped_at"] is not None
+    assert f"--address {report['resume_line'].split('--address ')[1].split()[0]}" in report["resume_line"]
+    assert report["resumed"]["rc"] == 0, report["resumed"]
+    first, *rest = report["attempts"]
+    assert rest and all(a["node_id"] == report["worker"] for a in rest) and rest[-1]["start_step"] >= report["stopped_at"][1] > 0
+    # ... and its TensorBoard holds each step once.
+    assert report["tensorboard"]["files"] == 1 and report["tensorboard"]["steps"] == list(range(5, 401, 5)), report["tensorboard"]
+    # The storage taken away: one sentence, no traceback.
+    cut = report["cut"]
+    assert cut["rc"] == 2 and len(cut["stderr"]) == 1 and "cannot be reached" in cut["stderr"][0], cut

@@ -413,3 +413,27 @@ def test_a_second_preparation_of_a_storage_folder_is_refused_while_the_first_hol
         held.release()
     assert storage.read_bytes("prepare.lease") is None and storage.read_bytes("manifest.json") is None
     assert prepare(request_for(load_recipe(tmp_path / "r.yaml")), where, progress=False).manifest.splits["train"].tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lost", ["the trials' folders", "every object of the search"])
+def test_a_storage_that_loses_a_running_trials_files_stops_the_search_in_one_sentence(tmp_path, s3, lost):
+    """Someone (a lifecycle rule, a person) removes the search's objects while a trial trains: the driver stops with one
+    sentence saying the storage lost that trial's files, never a traceback, never a finished summary."""
+    path = write_search(tmp_path, cells={"model.depth": [3]}, trials_per_cell=2, scheduler=None, baselines=[], max_concurrent=1,
+                        space={"model.layers.mix_ln.alpha": {"choice": [0.0, 0.5]}}, sampler={"grid": {}},
+                        overrides={"train.steps": 80, "train.checkpoint_every": 10, "train.eval_every": 10})
+    uri = f"s3://{s3.bucket()}/lost"
+    storage = Storage.open(uri)
+    proc = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", uri], cwd=tmp_path,
+                            env=dict(os.environ, BLOCKFORGE_CACHE=str(tmp_path / "cache")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(n.endswith("state.json") for n in storage.listing("trials")):
+        time.sleep(0.2)
+    for name in storage.listing("trials" if lost == "the trials' folders" else ""):
+        storage.delete(f"trials/{name}" if lost == "the trials' folders" else name)
+    _, err = proc.communicate(timeout=400)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "the storage lost this trial's files while it trained" in lines[0] and "--resume" in lines[0], lines[0]
