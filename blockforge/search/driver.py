@@ -584,7 +584,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                                   f"the same ones ({resume_command(started['file'], store.storage, started.get('overrides'))}), or choose another --out")
         from blockforge.search.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
 
-        repaired = repair_ledger(search_dir, plan.metric, command)
+        repaired = repair_ledger(search_dir, plan.metric, command, plan)
         if repaired:
             print(repaired, flush=True)
         retried = store.attach(Ledger(search_dir / "trials.jsonl")).retry_failed()

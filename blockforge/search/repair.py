@@ -36,7 +36,19 @@ def _finished_in_folder(record: TrialRecord, metric: str) -> TrialRecord | None:
                    note="recorded again from its run folder (the ledger's line was lost)")
 
 
-def _against_runs(latest: dict, copies: dict[Path, list[TrialRecord]], metric: str, resume: str) -> dict:
+def _planned(plan, record: TrialRecord) -> bool:
+    """Whether `record` names the trial this search's plan makes of its cell, values and seed (its own record)."""
+    if plan is None or record.cell not in plan.all_names():
+        return False
+    from blockforge.search.config import trial_identity
+
+    try:
+        return trial_identity(plan.recipe(plan.seed_overrides(record.cell, dict(record.overrides), record.seed))) == record.identity
+    except Exception:  # noqa: BLE001 (values no recipe takes: not this plan's)
+        return False
+
+
+def _against_runs(latest: dict, copies: dict[Path, list[TrialRecord]], metric: str, resume: str, plan=None) -> dict:
     """Records of trained trials checked against the runs they describe: one whose run folder this search does not hold is
     refused (naming the file and line it came from); one whose value is not its run's own last evaluation takes the run's.
     Returns the corrected records."""
@@ -48,6 +60,12 @@ def _against_runs(latest: dict, copies: dict[Path, list[TrialRecord]], metric: s
             where = next(((path, i) for path, records in copies.items() for i, r in enumerate(records, 1)
                           if (r.cell, r.trial, r.seq) == (record.cell, record.trial, record.seq)), (None, 0))
             origin = f"{where[0]}: line {where[1]}" if where[0] else f"{record.cell} trial {record.trial}"
+            run = Path(record.run_dir)
+            if run.name == record.identity and _planned(plan, record):  # this search's own trial, whose folder went
+                raise BlockforgeError(f"{origin}: records trial {record.trial} of cell {record.cell} as {record.status}, but its run folder "
+                                      f"trials/{run.parent.name}/{run.name} is gone from the search (the storage lost it, or someone "
+                                      "removed it), so what it found cannot be read back; restore the folder, or start the search "
+                                      "afresh in another --out")
             raise BlockforgeError(f"{origin}: records trial {record.trial} of cell {record.cell} as {record.status}, but this search holds "
                                   f"no run of it ({Path(record.run_dir).name} has no metrics.jsonl): the record is not this search's; "
                                   f"remove the line from both copies, then resume with: {resume}")
@@ -60,9 +78,10 @@ def _against_runs(latest: dict, copies: dict[Path, list[TrialRecord]], metric: s
     return corrected
 
 
-def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
+def repair_ledger(search_dir: Path, metric: str, resume: str, plan=None) -> str | None:
     """Check and, where it can be done exactly, repair the ledger of `search_dir` before a resume; returns a sentence
-    saying what was repaired (None: nothing needed it). Raises one BlockforgeError sentence when it cannot be."""
+    saying what was repaired (None: nothing needed it). Raises one BlockforgeError sentence when it cannot be. `plan`:
+    the search's, to tell its own trials whose run folders were lost from records that are not its."""
     path = search_dir / "trials.jsonl"
     ledger = Ledger(path)
     main, damaged = read_lines(path)
@@ -86,7 +105,7 @@ def repair_ledger(search_dir: Path, metric: str, resume: str) -> str | None:
         done = _finished_in_folder(record, metric) if record.status in (Status.RUNNING, Status.INTERRUPTED) else None
         if done is not None:
             finished[key] = done
-    corrected = _against_runs(latest, {path: main, ledger.backup: copy}, metric, resume)
+    corrected = _against_runs(latest, {path: main, ledger.backup: copy}, metric, resume, plan)
     in_main = merged(main)
     restored = [key for key, record in latest.items() if key not in in_main or in_main[key].seq < record.seq]
     if not (damaged or finished or restored or moved or corrected):

@@ -216,8 +216,19 @@ def test_a_record_of_a_run_this_search_does_not_hold_is_refused_naming_its_file_
     before = (folder / "trials.jsonl").read_text()
     with pytest.raises(BlockforgeError, match=rf"trials.backup.jsonl: line {lines}: records trial 77 of cell depth=4 as completed, but this "
                                               r"search holds no run of it .*remove the line from both copies, then resume with: RESUME"):
-        repair_ledger(folder, plan.metric, "RESUME")
+        repair_ledger(folder, plan.metric, "RESUME", plan)
     assert (folder / "trials.jsonl").read_text() == before  # nothing rewritten before the whole merge was checked
+
+
+def test_a_record_whose_run_folder_the_storage_lost_is_refused_saying_so(stopped):
+    import shutil
+
+    plan, folder = stopped
+    trial = _completed(folder)[0]
+    shutil.rmtree(trial.run_dir)  # a lifecycle rule, a person: the trial's own folder is gone
+    with pytest.raises(BlockforgeError, match=rf"records trial {trial.trial} of cell {trial.cell} as completed, but its run folder "
+                                              r"trials/.* is gone from the search .the storage lost it, or someone removed it."):
+        repair_ledger(folder, plan.metric, "RESUME", plan)
 
 
 def test_no_record_outvotes_the_run_it_describes(stopped):
