@@ -437,3 +437,13 @@ def test_a_storage_that_loses_a_running_trials_files_stops_the_search_in_one_sen
     lines = err.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "the storage lost this trial's files while it trained" in lines[0] and "--resume" in lines[0], lines[0]
+
+
+@pytest.mark.slow  # the storage's client tries three times over ~6 s before it gives up
+def test_a_failing_endpoint_in_the_uri_is_named_as_the_uris(tmp_path, capsys, s3, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = f"s3://{s3.bucket()}/x?endpoint_override=127.0.0.1:1&scheme=http"
+    assert main(["search", str(_search(tmp_path)), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be reached at 127.0.0.1:1" in err and "the URI's endpoint_override" in err and "AWS_ENDPOINT_URL" not in err, err
+    assert len(err.strip().splitlines()) == 1
