@@ -47,6 +47,15 @@ class WriteError(BlockforgeError, OSError):
     """A file that could not be written (a full disk, a file size limit, a read-only folder)."""
 
 
+class SearchInterrupted(BlockforgeError):
+    """A search stopped by a signal (SIGTERM, Ctrl-C) before it finished: `search` is its view so far; resuming it
+    continues it."""
+
+    def __init__(self, message: str, search=None, signal: int | None = None):
+        super().__init__(message)
+        self.search, self.signal = search, signal
+
+
 def warn(message: str) -> None:
     """One line on stderr for something the user should know but that does not stop the work."""
     print(f"blockforge: warning: {message}", file=sys.stderr)
@@ -64,3 +73,4 @@ def unknown_key_message(key: Any, known: Iterable[str]) -> str:
     hint = difflib.get_close_matches(str(key), known, n=1)
     did_you_mean = f"did you mean '{hint[0]}'? " if hint else ""
     return f"unknown key; {did_you_mean}known keys here: {', '.join(known)}"
+

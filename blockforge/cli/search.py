@@ -25,26 +25,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def nothing_finished(outcome) -> str | None:
-    """A sentence when trials failed and none finished (the search answered nothing), else None."""
-    from blockforge.train.events import Status
-
-    failed = [r for r in outcome.records if r.status == Status.FAILED]
-    if not failed or any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in outcome.records):
-        return None
-    again = [r for r in failed if r.retry]
-    fix = (f"resume with: {outcome.resume_command} (it trains the {len(again)} failed for a cause outside them again)" if again
-           else "fix the search file or its data, then start it in another --out")
-    return (f"no trial of the search finished: {len(failed)} failed (trial {failed[0].trial} of {failed[0].cell}: {failed[0].note}); "
-            f"{fix}")
-
-
 def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
     from blockforge.errors import BlockforgeError
-    from blockforge.search.driver import run_search
+    from blockforge.search.driver import nothing_finished, run_search
 
     if not args.plan and (args.gpu or args.gpus or args.mfu is not None):
         raise BlockforgeError("--gpu, --gpus and --mfu describe a compute plan: add --plan")

@@ -12,17 +12,18 @@ from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 
 
-def _pick_cell(cells: list[str], wanted: str | None, search_dir) -> str:
+def pick_cell(cells: list[str], wanted: str | None, search_dir, flag: str = "--cell") -> str:
+    """The cell `wanted` names (its keys in any order), or the only one; else one sentence naming the cells."""
     if wanted is None:
         if len(cells) == 1:
             return cells[0]
-        raise BlockforgeError(f"{search_dir}: the search has {len(cells)} cells; choose one with --cell (one of: {'; '.join(cells)})")
+        raise BlockforgeError(f"{search_dir}: the search has {len(cells)} cells; choose one with {flag} (one of: {'; '.join(cells)})")
     # Accept the cell's keys in any order, e.g. "width=64,depth=4".
     want = set(part.strip() for part in wanted.split(","))
     for cell in cells:
         if set(cell.split(",")) == want:
             return cell
-    raise BlockforgeError(f"--cell {wanted}: no such cell in {search_dir}; choose one of: {'; '.join(cells)}")
+    raise BlockforgeError(f"{flag} {wanted}: no such cell in {search_dir}; choose one of: {'; '.join(cells)}")
 
 
 def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None):
@@ -109,7 +110,7 @@ def export_best(
 
     plan = stored_plan(search_dir)
     records = Ledger(search_dir / "trials.jsonl").records()
-    name = _pick_cell(plan.all_names(), cell, store)
+    name = pick_cell(plan.all_names(), cell, store)
     evidence = evidence_by_cell(plan, records)[name]
     point, number = (None, None) if pick is None and under is None else _front_choice(plan, evidence, name, pick, under)
     winner = evidence.winner if point is None else point.candidate

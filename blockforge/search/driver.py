@@ -284,6 +284,18 @@ class SearchOutcome:
     location: str = ""  # where the search is kept: the folder, or the storage's URI
 
 
+def nothing_finished(outcome) -> str | None:
+    """A sentence when trials failed and none finished (the search answered nothing), else None."""
+    failed = [r for r in outcome.records if r.status == Status.FAILED]
+    if not failed or any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in outcome.records):
+        return None
+    again = [r for r in failed if r.retry]
+    fix = (f"resume with: {outcome.resume_command} (it trains the {len(again)} failed for a cause outside them again)" if again
+           else "fix the search file or its data, then start it in another --out")
+    return (f"no trial of the search finished: {len(failed)} failed (trial {failed[0].trial} of {failed[0].cell}: {failed[0].note}); "
+            f"{fix}")
+
+
 class SearchStopped(BlockforgeError):
     """A signal arrived before the first trial started: nothing to resume, nothing left behind."""
 

@@ -219,11 +219,27 @@ def _fit_all(points: list[dict]) -> tuple[str | None, dict[str, np.ndarray]]:
     return finite[0][1], out
 
 
+def decided_law(law: LawReport, boot: BootstrapReport | None) -> LawFit | None:
+    """The law the verdict names (the one the summary states), or None where it says the data cannot decide: with a
+    bootstrap, a law that leads by 2 AICc in 95% of the seed resamples; without one, by 2 AICc on the winners."""
+    depths = len({p["depth"] for p in law.points if p.get("alpha") is not None and p.get("depth")})
+    finite = [f for f in law.fits if math.isfinite(f.aicc)]
+    if depths < 3 or not finite:
+        return None
+    if boot is not None:
+        top = boot.laws[0] if boot.laws else None
+        return next((f for f in finite if top is not None and top.wins >= WIN_SHARE and f.name == top.name), None)
+    return finite[0] if len(finite) >= 2 and finite[1].aicc - finite[0].aicc >= 2.0 else None
+
+
+WIN_SHARE = 0.95  # the share of seed resamples a law must lead by 2 AICc for the bootstrap to name it
+
+
 def _bootstrap_verdict(laws: list[LawUncertainty], undecided: float, depths: int) -> str:
     if depths < 3:
         return f"Cannot decide: {depths} distinct depth(s) cannot separate the laws, however the seeds are resampled."
     top = laws[0] if laws else None
-    if top is not None and top.wins >= 0.95:
+    if top is not None and top.wins >= WIN_SHARE:
         return f"{top.formula} fits best (AICc at least 2 below every other law) in {top.wins:.0%} of the seed resamples."
     shares = ", ".join(f"{u.name} {u.wins:.0%}" for u in laws if u.wins > 0)
     return (f"Cannot decide: in {undecided:.0%} of the seed resamples no law leads by 2 AICc"

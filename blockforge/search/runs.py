@@ -22,20 +22,41 @@ class RunEnd:
     value: float | None  # the objective metric at the last evaluation (None: diverged)
 
 
-def last_evaluation(run_dir: str | Path, step: int | None = None) -> dict[str, float] | None:
-    """The numeric metrics of the run's last evaluation (at `step`, when given) in its metrics.jsonl."""
+def metric_lines(run_dir: str | Path) -> list[dict]:
+    """Every whole line of the run folder's metrics.jsonl, in order (a line cut short by a kill is skipped; no file: [])."""
     try:
         lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     except OSError:
-        return None
-    found = None
+        return []
+    out = []
     for line in lines:
         try:
             event = json.loads(line)
-        except ValueError:  # a line cut short by a kill
+        except ValueError:
             continue
-        if isinstance(event, dict) and event.get("event") == "eval" and (step is None or event.get("step") == step):
-            found = {k: v for k, v in event.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if isinstance(event, dict) and "step" in event:
+            out.append(event)
+    return out
+
+
+def numbers(event: dict) -> dict[str, float]:
+    """A metrics line's numeric values, without its step."""
+    return {k: v for k, v in event.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+
+
+def evaluations(run_dir: str | Path) -> list[tuple[int, dict[str, float]]]:
+    """(step, metrics) of every evaluation in the run's metrics.jsonl, by step (the last line of a step wins, as for a
+    resumed run that evaluated a step again)."""
+    found = {int(e["step"]): numbers(e) for e in metric_lines(run_dir) if e.get("event") == "eval"}
+    return sorted(found.items())
+
+
+def last_evaluation(run_dir: str | Path, step: int | None = None) -> dict[str, float] | None:
+    """The numeric metrics of the run's last evaluation (at `step`, when given) in its metrics.jsonl."""
+    found = None
+    for event in metric_lines(run_dir):
+        if event.get("event") == "eval" and (step is None or event.get("step") == step):
+            found = numbers(event)
     return found
 
 

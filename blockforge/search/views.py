@@ -21,6 +21,7 @@ from pathlib import Path
 from blockforge.io import atomic_write_text
 from blockforge.search.config import MIX_LN_ALPHA, Dimension, SearchPlan, cell_slug
 from blockforge.search.ledger import APART, COLUMNS, TrialRecord
+from blockforge.search.runs import metric_lines, numbers
 from blockforge.train.events import Status
 
 OPTUNA_FILE = "optuna.journal"
@@ -41,22 +42,31 @@ def key_columns(plan: SearchPlan) -> dict[str, str]:
     return {key: name if name not in COLUMNS else key for key, name in names.items()}
 
 
-def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
-    """One row per trial: the ledger's columns, then one column per cell key and per searched key (ints stay ints)."""
+def results_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[dict]]:
+    """results.csv's columns and rows, one per trial: the ledger's columns, then one column per cell key and per searched
+    key (ints stay ints), then one per cost."""
     columns = key_columns(plan)
     costs = list(dict.fromkeys([*(c for c, _ in plan.costs), *plan.constraints]))  # a column per cost
     ledger = COLUMNS if plan.varies_alpha else [c for c in COLUMNS if c not in ("alpha", "post_ln_layers")]  # no alpha where none varies
     fieldnames = ledger[:2] + list(columns.values()) + ledger[2:] + costs
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fieldnames, extrasaction="ignore")
-    writer.writeheader()
+    rows = []
     for record in records:
         row = asdict(record)
         row["overrides"] = json.dumps(record.overrides, sort_keys=True)
         values = {**plan.cell(record.cell), **record.overrides}
         row.update({name: values.get(key) for key, name in columns.items()})
         row.update({cost: record.costs.get(cost) for cost in costs})
-        writer.writerow(row)
+        rows.append({name: row.get(name) for name in fieldnames})
+    return fieldnames, rows
+
+
+def write_results_csv(plan: SearchPlan, records: list[TrialRecord], path: Path) -> None:
+    """results.csv: `results_rows` as CSV."""
+    fieldnames, rows = results_rows(plan, records)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
     atomic_write_text(path, buffer.getvalue())
 
 
@@ -200,15 +210,9 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
         folder.mkdir(parents=True)
         now = time.time()
         events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2")]
-        for line in log.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # blank, or cut short by a kill
-                continue
-            if not isinstance(entry, dict) or "step" not in entry:
-                continue
+        for entry in metric_lines(run_dir):
             values = [summary_pb2.Summary.Value(tag=f"{entry.get('event', 'train')}/{key}", simple_value=float(value))
-                      for key, value in entry.items() if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]
+                      for key, value in numbers(entry).items()]
             if values:
                 events.append(event_pb2.Event(wall_time=now, step=int(entry["step"]), summary=summary_pb2.Summary(value=values)))
         with open(folder / f"events.out.tfevents.{int(now):010d}.{host}.{os.getpid()}.0", "wb") as f:

@@ -49,7 +49,7 @@ def test_a_failure_outside_the_trial_is_trained_again_on_resume_and_one_of_its_o
 
 
 def test_a_search_that_finished_nothing_says_so_and_how_to_go_on():
-    from blockforge.cli.search import nothing_finished
+    from blockforge.search.driver import nothing_finished
     from blockforge.search.driver import SearchOutcome
     from blockforge.search.ledger import TrialRecord
 

@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from blockforge.search.law import fit_alpha_law
-from blockforge.search.law import alpha_range
+from blockforge.search.law import alpha_range, decided_law, fit_alpha_law
 
 
 def points(law, depths, width=256, noise=()):
@@ -40,6 +39,14 @@ def test_two_depths_cannot_decide():
     report = fit_alpha_law(points(lambda L: 2.0 / L, [8, 16]))
     assert "cannot decide" in report.verdict and "at least 3 depths" in report.verdict
     assert "no law can be fitted" in fit_alpha_law([]).verdict
+    assert decided_law(report, None) is None and decided_law(fit_alpha_law([]), None) is None  # nothing to draw or name
+
+
+def test_the_decided_law_is_the_one_the_verdict_names():
+    clear = fit_alpha_law(points(lambda L: 2.0 / L, [6, 8, 12, 16, 24, 32, 48], noise=[1e-3, -2e-3, 1e-3, 0, -1e-3, 2e-3, -1e-3]))
+    assert decided_law(clear, None).name == "c/L" and decided_law(clear, None).formula in clear.verdict
+    close = fit_alpha_law([{"depth": d, "width": 256, "alpha": a} for d, a in ((6, 0.25), (8, 0.2), (12, 0.15))])
+    assert "cannot decide" in close.verdict and decided_law(close, None) is None
 
 
 @pytest.mark.parametrize(

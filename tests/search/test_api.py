@@ -1,0 +1,197 @@
+"""blockforge.open_search: a search as Python objects, local or in a bucket, finished or running, equal to what its
+reports say; blockforge.run_search: the command line's search from Python."""
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pandas
+import pytest
+
+import blockforge
+from blockforge.errors import BlockforgeError
+from blockforge.io import atomic_write_json
+from blockforge.search.config import MARKER, cell_slug, folder_marker, load_search
+from blockforge.search.ledger import Ledger
+from blockforge.search.report import write_reports
+from blockforge.search.runs import evaluations
+from blockforge.search.scheduler import CellScheduler
+from blockforge.search.searcher import CellSearcher
+from blockforge.search.store import SearchStore
+from blockforge.spec.serialize import load_spec
+from blockforge.storage import Storage
+
+from .conftest import drive_curves, write_search
+from .test_golden import ROOT, synthetic_curves
+
+ALPHA = "model.layers.mix_ln.alpha"
+
+
+def quickstart(where, node: Path, stop_after=None):
+    """The shipped quickstart driven along the golden synthetic curves into `where` (a folder or a URI), its search.json
+    and reports written as the driver writes them; `stop_after`: a kill partway, one more trial left running."""
+    plan = load_search(ROOT / "searches" / "quickstart.yaml")
+    store = SearchStore(Storage.open(where))
+    atomic_write_json(store.local / MARKER, folder_marker(plan, None))
+    store.put(MARKER)
+    searcher = CellSearcher(plan, store)
+    drive_curves(searcher, CellScheduler(plan, store), synthetic_curves(plan), limit=5000, node=node, stop_after=stop_after)
+    if stop_after is not None:
+        assert searcher.suggest("left-running") is not None
+    store.pull_runs()
+    write_reports(store.local, plan, Ledger(store.local / "trials.jsonl"), location=str(where))
+    store.put_reports()
+    return plan, store
+
+
+def assert_equals_its_reports(search: blockforge.Search, folder: Path) -> None:
+    """Every view equals the report files the driver wrote from the same ledger."""
+    # results(): results.csv, row for row, with typed columns.
+    table = search.results()
+    written = pandas.read_csv(folder / "results.csv").convert_dtypes()
+    assert list(table.columns) == list(written.columns)
+    pandas.testing.assert_frame_equal(table, written, check_dtype=False)
+    assert str(table["seed"].dtype) == "Int64" and str(table["value"].dtype) == "Float64" and str(table["status"].dtype) == "string"
+    assert str(table["post_ln_layers"].dtype) == "Int64" and str(table["depth"].dtype) == "Int64" and str(table["wall_s"].dtype) == "Float64"
+    assert str(table["note"].dtype) == "string" and str(table["duplicate_of"].dtype) == "Int64"
+
+    # cells(): each claim is summary.md's sentence, each winner best/<cell>.yaml, each verdict its table's.
+    summary = (folder / "summary.md").read_text()
+    cells = search.cells()
+    assert list(cells) == search.plan.all_names()
+    for name, answer in cells.items():
+        assert answer.claim in summary
+        if answer.winner is None:
+            continue
+        assert search.best(name) == load_spec(folder / "best" / f"{cell_slug(name)}.yaml")
+        assert search.best(name).post_ln_count() == answer.winner.post_ln_layers
+        assert f"| {name} |" in summary and answer.verdict in summary
+        assert answer.winner in answer.evidence.candidates and answer.winner.n >= 1
+        assert all(t in answer.evidence.eligible for t in answer.tied)
+        if answer.vs_pre_ln is not None and answer.vs_pre_ln.low is not None:
+            assert answer.vs_pre_ln.low <= answer.vs_pre_ln.mean <= answer.vs_pre_ln.high
+
+    # law(): alpha_law.json.
+    law, kept = search.law(), json.loads((folder / "alpha_law.json").read_text())
+    assert json.loads(json.dumps(law.points)) == kept["points"] and law.fits.verdict == kept["verdict"]
+    assert (kept["bootstrap"] is None) == (law.bootstrap is None)
+    assert law.verdict in summary
+    assert (law.decided is None) == ("annot decide" in law.verdict)  # a law is named (and drawn) only where the summary names one
+
+    # curves(): each trial's metrics.jsonl.
+    curves = search.curves()
+    for record in search.records:
+        if record.run_dir and Path(record.run_dir).exists():
+            mine = curves[(curves["cell"] == record.cell) & (curves["trial"] == record.trial)]
+            assert [(int(s), float(v)) for s, v in zip(mine["step"], mine["val_loss"])] == [
+                (step, m["val_loss"]) for step, m in evaluations(record.run_dir)]
+
+
+def test_a_finished_search_opens_as_objects_equal_to_its_reports(tmp_path):
+    plan, _ = quickstart(tmp_path / "qs", tmp_path / "node")
+    search = blockforge.open_search(tmp_path / "qs")
+    assert not search.running and len(search.records) == len(Ledger(tmp_path / "qs" / "trials.jsonl").records())
+    assert_equals_its_reports(search, tmp_path / "qs")
+    # what the confirmation decided is there as objects: each winner with its seeds
+    cells = search.cells()
+    assert all(answer.winner.n == 1 + plan.confirm.seeds for answer in cells.values() if answer.winner is not None)
+    one = search.cell("depth=8")
+    assert one is cells["depth=8"] and search.curves(cell="depth=8")["cell"].eq("depth=8").all()
+    trial = int(search.results().query("cell == 'depth=8' and status == 'completed'")["trial"].iloc[0])
+    assert search.curves(trial, cell="depth=8")["trial"].eq(trial).all()
+    with pytest.raises(BlockforgeError, match=r"cell= depth=5: no such cell in .*; choose one of: depth=4; depth=8; depth=12"):
+        search.cell("depth=5")
+    with pytest.raises(BlockforgeError, match="has 3 cells; choose one"):
+        search.best()
+
+
+def test_a_running_search_shows_the_records_so_far(tmp_path):
+    quickstart(tmp_path / "qs", tmp_path / "node", stop_after=lambda handed: len(handed) >= 12)
+    search = blockforge.open_search(tmp_path / "qs")
+    assert search.running
+    table = search.results()
+    assert (table["status"] == "running").sum() == 1 and len(table) == 13
+    assert_equals_its_reports(search, tmp_path / "qs")
+    assert len(search.refresh().records) == 13
+
+
+def test_a_search_in_a_bucket_opens_as_the_same_objects(tmp_path, s3):
+    uri = s3.direct(s3.bucket(), "qs")
+    _, store = quickstart(uri, tmp_path / "node")
+    remote = blockforge.open_search(uri)
+    assert remote.folder != store.local  # a copy of its own: never the driver's working copy
+    assert_equals_its_reports(remote, remote.folder)
+    assert not list(remote.folder.rglob("*.safetensors"))
+    local = quickstart(tmp_path / "qs", tmp_path / "node")[1]
+    here = blockforge.open_search(local.local)
+    pandas.testing.assert_frame_equal(remote.results().drop(columns="wall_s"), here.results().drop(columns="wall_s"))
+    assert {n: a.claim for n, a in remote.cells().items()} == {n: a.claim for n, a in here.cells().items()}
+
+
+def test_what_cannot_be_opened_is_one_sentence(tmp_path, capsys):
+    with pytest.raises(BlockforgeError, match=f"{tmp_path}: holds no search .no search.json."):
+        blockforge.open_search(tmp_path)
+    quickstart(tmp_path / "qs", tmp_path / "node", stop_after=lambda handed: len(handed) >= 6)
+    ledger = tmp_path / "qs" / "trials.jsonl"
+    lines = ledger.read_text().splitlines()
+    lines[2] = lines[2][:40]  # a damaged line: the backup copy still has it
+    ledger.write_text("\n".join(lines) + "\n")
+    search = blockforge.open_search(tmp_path / "qs")
+    assert len(search.results()) == 7
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line(s) 3 of trials.jsonl are not records" in err and "resuming the search repairs" in err
+    (tmp_path / "qs" / MARKER).write_text("{")
+    with pytest.raises(BlockforgeError, match="search.json"):
+        blockforge.open_search(tmp_path / "qs")
+
+
+def tiny(tmp_path: Path) -> Path:
+    return write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[],
+                        space={ALPHA: {"choice": [0.0, 0.5]}}, sampler={"random": {"seed": 0}}, max_concurrent=1,
+                        overrides={"train.steps": 20})
+
+
+def test_run_search_decides_as_the_command_line_and_exports(tmp_path, ray_session, capsys):
+    from blockforge.cli import main
+
+    path = tiny(tmp_path)
+    assert main(["search", str(path), "--out", str(tmp_path / "cli")]) == 0
+    search = blockforge.run_search(path, out=tmp_path / "api")
+    assert isinstance(search, blockforge.Search)
+    decided = lambda records: [(r.cell, r.trial, r.stage, r.status, r.seed, r.steps, r.value, r.alpha) for r in records]  # noqa: E731
+    assert decided(search.records) == decided(Ledger(tmp_path / "cli" / "trials.jsonl").records())
+    assert search.cell().claim == blockforge.open_search(tmp_path / "cli").cell().claim
+    out = search.export(None, tmp_path / "model")
+    assert blockforge.load(out).spec.depth == 2
+    with pytest.raises(BlockforgeError, match="already holds a search; pass --resume"):
+        blockforge.run_search(path, out=tmp_path / "api")
+    with pytest.raises(BlockforgeError, match="not a YAML value"):
+        blockforge.run_search(path, out=tmp_path / "other", overrides={"train.lr": object()})
+
+
+def test_a_sigterm_inside_run_search_leaves_a_resumable_search(tmp_path, ray_session):
+    path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[],
+                        space={ALPHA: {"choice": [0.0, 0.5]}}, sampler={"random": {"seed": 0}}, max_concurrent=1,
+                        overrides={"train.steps": 120, "train.checkpoint_every": 10, "train.eval_every": 10})
+    out = tmp_path / "out"
+
+    def stop_once_a_checkpoint_is_there():
+        while not list(out.glob("trials/*/*/checkpoints/latest.json")):
+            if done.wait(0.05):
+                return
+        os.kill(os.getpid(), signal.SIGTERM)  # as a cluster preempts the process
+
+    done = threading.Event()
+    threading.Thread(target=stop_once_a_checkpoint_is_there, daemon=True).start()
+    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*resume with: blockforge search {path} --out {out} --resume"):
+        try:
+            blockforge.run_search(path, out=out)
+        finally:
+            done.set()
+    stopped = blockforge.open_search(out)
+    assert not stopped.running and "interrupted" in set(stopped.results()["status"])
+    search = blockforge.run_search(path, out=out, resume=True)
+    assert sorted(search.results()["status"]) == ["completed", "completed"]
+    assert all(steps == 120 for steps in search.results()["steps"])
