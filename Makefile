@@ -16,11 +16,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The main job: an alpha search on the built-in corpus, then the best depth-8 model exported.
+# The main job: an alpha search on the built-in corpus, then the best depth-8 model exported as a transformers folder.
 QUICKSTART_OUT ?= runs/search-quickstart
 quickstart: $(VENV)/.installed
 	$(BIN)/blockforge search searches/quickstart.yaml --out $(QUICKSTART_OUT) --resume=auto
-	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8 --force
+	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8 --format hf --force
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

@@ -485,7 +485,8 @@ def _default(node: Node) -> str:
     if node.required:
         return "required"
     if value is UNSET or value is None:
-        return "not set"
+        said = re.search(r"\bdefault:? ([^;()]+(?:\([^)]*\))?[^;()]*)", node.help)  # a default the code computes, as the meaning says it
+        return _md(said.group(1).strip().rstrip(".,")) if said else "not set"
     plain = _compact(to_plain(value))
     if plain in ({}, [], None):
         return "empty" if not dataclasses.is_dataclass(value) else "nothing set"

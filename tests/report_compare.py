@@ -11,7 +11,8 @@ def comparable(folder: Path, location: str) -> dict[str, object]:
     seconds (results.csv's wall_s, summary.md's trial-seconds) and throughput (TensorBoard's *_per_s)."""
     out = {}
     summary = (folder / "summary.md").read_text().replace(location, "SEARCH")
-    summary = summary.replace(" (Take the journal down first: optuna-dashboard reads a local file.)", "")
+    summary = summary.replace(" (Take the folder down first: optuna-dashboard and TensorBoard read local files; "
+                              "`blockforge.open_search('SEARCH')` reads it where it is.)", "")
     lines, seconds = [], None  # seconds: the column of trial-seconds in the table being read
     for line in summary.splitlines():
         cells = line.split("|")

@@ -323,6 +323,63 @@ def test_every_documented_figure_is_shown_somewhere():
     assert {p.name for p in (ROOT / "docs" / "figures").glob("*.png")} <= shown
 
 
+# ---- the commands the pages print, run as written ---------------------------------------------------------------------
+
+
+def printed_command(page: str, start: str) -> list[str]:
+    """The one command on `page` that starts with `start` (in a code block or an inline span), as argv after `blockforge`."""
+    text = (ROOT / page).read_text()
+    lines = [line.split(" #")[0].strip() for _, body, _ in fenced_blocks(text) for line in body.splitlines()]
+    lines += [span for span, _ in inline_spans(text)]
+    found = [line for line in lines if line.startswith(start)]
+    assert len(found) == 1, f"{page}: {len(found)} commands start with {start!r}"
+    return shlex.split(found[0])[1:]
+
+
+def plan_total(out: str) -> int:
+    """The worst-case trials on the total row of a printed compute plan."""
+    row = next(line for line in out.splitlines() if line.startswith("total"))
+    return int(row.split()[-2])
+
+
+def test_the_try_it_faster_line_runs_apart_from_the_quickstart_and_says_what_it_costs(capsys, monkeypatch):
+    from blockforge.cli import main
+
+    monkeypatch.chdir(ROOT)
+    faster = printed_command("docs/getting-started.md", "blockforge search searches/quickstart.yaml --set steps=60")
+    out = faster[faster.index("--out") + 1]
+    assert out != "runs/search-quickstart" and "--resume" not in faster  # its own folder: the quickstart's is not in its way
+    plans = {}
+    for name, argv in {"quickstart": ["search", "searches/quickstart.yaml"], "faster": faster,
+                       "fewer trials": ["search", "searches/quickstart.yaml", "--set", "trials_per_cell=4"]}.items():
+        capsys.readouterr()
+        assert main([*argv, "--plan"]) == 0, name
+        plans[name] = plan_total(capsys.readouterr().out)
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    assert plans["faster"] == plans["quickstart"] and f"the same {plans['quickstart']} trials at most" in page
+    assert f"from {plans['quickstart']} trials to {plans['fewer trials']}" in " ".join(page.split())
+
+
+def test_the_readme_generate_line_runs_on_a_model_whose_context_is_short(tmp_path, capsys):
+    from blockforge.cli import main
+    from tiny_data import write_recipe
+
+    argv = printed_command("README.md", "blockforge generate models/best-d8")
+    recipe = write_recipe(tmp_path, steps=2, eval_every=0, checkpoint_every=0, grad_norm_every=0)  # context 32, as short as any
+    assert main(["train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main([argv[0], str(tmp_path / "run"), *argv[2:]]) == 0
+    err = capsys.readouterr().err
+    assert "new tokens (the model's context of 32 less the prompt's" in err and "Traceback" not in err
+
+
+def test_the_main_job_exports_a_folder_transformers_loads_and_says_how():
+    make = (ROOT / "Makefile").read_text()
+    export = next(line for line in make.splitlines() if "blockforge export $(QUICKSTART_OUT)" in line)
+    assert "--format hf" in export  # plain transformers loads it (a Mix-LN winner with trust_remote_code=True)
+    assert re.search(r"^models/$", (ROOT / ".gitignore").read_text(), re.M)  # the README's models/ is not committed by accident
+
+
 # ---- the checkers fail on wrong lines -------------------------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     source, out = Storage.open(args.source), Storage.open(args.out)
     if out.local:
         _export(args, source, Path(out.uri))
+        hint = load_line(Path(out.uri), args.format, args.out)
     else:  # written here, checked as any export is, then put up whole
         import tempfile
 
@@ -48,9 +49,31 @@ def run(args: argparse.Namespace) -> int:
             raise BlockforgeError(f"{out}: is not empty; pass --force to replace the export in it, or choose another --out")
         with tempfile.TemporaryDirectory(prefix="blockforge-export-") as scratch:
             _export(args, source, Path(scratch) / "export")
+            hint = load_line(Path(scratch) / "export", args.format, args.out)
             put_folder(Path(scratch) / "export", out)
     print(f"exported to {args.out}" + (f" ({args.format} format)" if args.format != "blockforge" else ""))
+    print(hint)
     return 0
+
+
+def load_line(folder: Path, format: str, where: str) -> str:
+    """How to load the export in `folder` (to be kept at `where`), as the line printed after it."""
+    import json
+
+    if format == "blockforge":
+        return (f"load it with blockforge.load({where!r}); for transformers, export it with --format hf "
+                "(and --format gguf for llama.cpp where the model allows)")
+    from blockforge.storage import is_uri
+
+    if format != "blockforge" and is_uri(where):  # other libraries read a local folder
+        where = "<a local copy of the folder>"
+    if format == "hf":
+        remote = "auto_map" in json.loads((folder / "config.json").read_text())
+        return (f"load it with transformers.AutoModelForCausalLM.from_pretrained({where!r}"
+                + (", trust_remote_code=True)  (its layers differ from any transformers class: the folder carries their code)" if remote else ")"))
+    if format == "gguf":
+        return f"serve it with llama.cpp: llama-cli -m {where}/model.gguf"
+    return f"load it with timm.create_model('local-dir:{where}', pretrained=True)"
 
 
 def _export(args: argparse.Namespace, source, out: Path) -> None:

@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 
+DEFAULT_NEW_TOKENS = 64
+
+
 def add_parser(sub) -> None:
     from blockforge.cli.common import positive_int
 
     p = sub.add_parser("generate", help="continue a text prompt with a trained llama (a run or export folder)")
     p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote; a local path or a URI")
     p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="default: 64, or what the model's context leaves after the prompt when that is fewer (said on stderr)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0: greedy (default: the model's generation config, e.g. a converted model's sampling defaults, else 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="default: the model's generation config, else none")
@@ -70,8 +74,17 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             shown = text
 
+    new_tokens = args.max_new_tokens
+    if new_tokens is None:  # the default fits the model: a short-context model continues as far as its context allows
+        room = model.spec.context + 1 - len(ids)  # the last new token is chosen, never run through the model
+        new_tokens = min(DEFAULT_NEW_TOKENS, room)
+        if new_tokens < 1:
+            raise BlockforgeError(f"--prompt: {len(ids)} tokens fill the model's context of {model.spec.context}; shorten the prompt")
+        if new_tokens < DEFAULT_NEW_TOKENS:
+            print(f"blockforge: generating {new_tokens} new tokens (the model's context of {model.spec.context} less the prompt's "
+                  f"{len(ids)}); --max-new-tokens sets it", file=sys.stderr)
     sys.stdout.write(args.prompt)
-    model.generate(torch.tensor([ids], device=device), args.max_new_tokens, temperature=temperature, top_k=top_k,
+    model.generate(torch.tensor([ids], device=device), new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=args.seed, eos_id=stops, on_token=stream)
     sys.stdout.write("\n")
     return 0

@@ -85,6 +85,11 @@ def search_plan(plan: SearchPlan) -> list[CellPlan]:
     return [cell_plan(plan, name) for name in plan.all_names()]
 
 
+def _significant(value: float) -> str:
+    """Three significant figures; thousands separated (0.0000228 -> 2.28e-05, 12.34 -> 12.3, 45678.9 -> 45,679)."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+
+
 def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = None, gpus: int | None = None, mfu: float = DEFAULT_MFU,
                 concurrency: int | None = None) -> str:
     """The plan as text: a table per cell and the totals; with `gpu`, GPU-hours and wall time."""
@@ -117,7 +122,7 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
         gpu_hours = total_flops / speed / 3600
         spread = gpu_hours * 3600 / (parallel * per_trial)
         chain, longest = critical_path(cells, speed * per_trial)
-        lines.append(f"On {available} x {gpu} at {mfu:.0%} MFU ({peak:g} TFLOP/s dense bf16 each; {source}): {gpu_hours:,.1f} GPU-hours; "
+        lines.append(f"On {available} x {gpu} at {mfu:.0%} MFU ({peak:g} TFLOP/s dense bf16 each; {source}): {_significant(gpu_hours)} GPU-hours; "
                      f"{per_trial} GPU(s) per trial, {parallel} trial(s) at once: at least {_duration(max(spread, chain))} of wall time "
                      f"(the GPU-hours spread over them: {_duration(spread)}; stages that follow one another: {_duration(chain)}, {longest}).")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from blockforge.io import atomic_write_json, atomic_write_text, pyplot, save_png
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, paired_difference, verdict
 from blockforge.search.findings import Findings
-from blockforge.search.law import BootstrapReport, LawReport, alpha_range
+from blockforge.search.law import BootstrapReport, LawReport, alpha_range, decided_law
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.serialize import save_spec
@@ -122,7 +122,8 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
             legend.setdefault(label, handle)
     if legend:
         fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle(f"{plan.name}: {plan.metric} vs alpha per cell (pruned points are partial)")
+    pruned = any(r.status == Status.PRUNED and r.cell in cells for r in records)
+    fig.suptitle(f"{plan.name}: {plan.metric} vs alpha per cell" + (" (pruned points are partial)" if pruned else ""))
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     save_png(fig, path, dpi=110)
     plt.close(fig)
@@ -147,11 +148,14 @@ def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | 
             lo = np.array([s[0] if s else a for s, a in zip(spans, low)])
             hi = np.array([s[1] if s else a for s, a in zip(spans, low)])
             ax.errorbar(depth + 0.15, low, yerr=[low - lo, hi - low], fmt="none", ecolor=line.get_color(), elinewidth=2.5, capsize=4)
-    if law.fits and len(depths) > 1:
+    best = decided_law(law, boot)
+    if best is not None:  # drawn only where the summary names a law
         grid = np.linspace(depths.min(), depths.max(), 100)
-        best = law.fits[0]
         for width in widths:
-            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"point fit {best.formula} (width {width})")
+            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"law {best.formula} (width {width})")
+    else:
+        ax.text(0.02, 0.98, "no law drawn: the data cannot decide between them (summary.md)", transform=ax.transAxes, fontsize=7,
+                va="top", color="0.35")
     ax.set_xlabel("depth L")
     ax.set_ylabel("best alpha")
     ax.set_title("best Mix-LN alpha per cell\n(thin bars: alphas giving the same model; thick: 95% over seed resamples)", fontsize=9)
@@ -545,13 +549,16 @@ def _transfer_markdown(plan: SearchPlan, markdown: str) -> str:
 
 
 def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: str | None, tensorboard: bool) -> str:
-    """Where to look next: the CSV, best specs, plots, the Optuna journal and TensorBoard."""
-    where = location or str(search_dir)
-    curves = (f"Curves of every trial: `tensorboard --logdir {where}/tensorboard`." if tensorboard
+    """Where to look next: the CSV, best specs, plots, the Optuna journal and TensorBoard, named relative to the search
+    folder (a copied or downloaded search still finds them)."""
+    curves = ("Curves of every trial: `tensorboard --logdir tensorboard`." if tensorboard
               else "Curves of every trial: install tensorboard (pip install tensorboard), then `blockforge search FILE --resume` writes them.")
-    return ("Every trial: `results.csv` (`pandas.read_csv`). Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
-            + f"\nOptuna studies, one per cell: `optuna-dashboard {where}/optuna.journal`. {curves}"
-            + (" (Take the journal down first: optuna-dashboard reads a local file.)" if location and location != str(search_dir) else ""))
+    remote = bool(location) and location != str(search_dir)
+    return ("Every trial: `results.csv` (`pandas.read_csv`), or every answer as objects: `blockforge.open_search(FOLDER)`. "
+            "Best spec per cell: `best/`." + (f" Plots: {', '.join(f'`{p}`' for p in plots)}." if plots else "")
+            + f"\nFrom this folder: `optuna-dashboard optuna.journal` (Optuna studies, one per cell). {curves}"
+            + (f" (Take the folder down first: optuna-dashboard and TensorBoard read local files; `blockforge.open_search('{location}')` "
+               "reads it where it is.)" if remote else ""))
 
 
 def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:

@@ -275,7 +275,11 @@ def test_a_trained_run_exports_from_the_cli(tmp_path, capsys):
     recipe = write_recipe(tmp_path, steps=4, eval_every=4, checkpoint_every=4, grad_norm_every=4)
     assert main(["train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 0
-    assert "(hf format)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(hf format)" in out  # and the line that says how to load it, its code carried in the folder (Mix-LN layers)
+    assert f"transformers.AutoModelForCausalLM.from_pretrained('{tmp_path / 'hf'}', trust_remote_code=True)" in out
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "native")]) == 0
+    assert f"blockforge.load('{tmp_path / 'native'}'); for transformers, export it with --format hf" in capsys.readouterr().out
     model = loaded(tmp_path / "hf", trust_remote_code=True)
     assert largest_difference(model, tmp_path / "run") <= TOL
     assert (tmp_path / "hf" / "recipe.yaml").exists() and "val_loss" in (tmp_path / "hf" / "README.md").read_text()

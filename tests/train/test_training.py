@@ -177,6 +177,11 @@ def test_generate_command_continues_a_prompt_from_a_run(tmp_path, recipe_file, c
     assert out.startswith("the model") and out.endswith("\n")
     assert main(["generate", str(tmp_path / "run"), "--prompt", "x", "--max-new-tokens", "500"]) == 2
     assert "context of 32" in capsys.readouterr().err
+    # without --max-new-tokens: as many as the context leaves (fewer than 64 here), said once; a prompt that fills it is refused
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "the model", "--temperature", "0"]) == 0
+    assert "new tokens (the model's context of 32 less the prompt's" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "the model " * 40]) == 2
+    assert "fill the model's context of 32; shorten the prompt" in capsys.readouterr().err
 
 
 @pytest.fixture
