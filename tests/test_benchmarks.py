@@ -78,3 +78,15 @@ def test_the_data_throughput_benchmark_measures_every_path(tmp_path):
     assert result["preparation"]["two_workers"]["tokens_encoded"] == result["preparation"]["one_worker"]["tokens_encoded"] > 0
     assert set(result["resume"]["order_saved_s"]) == {"0", "1000", "1000000", "100000000"}
     assert "| prepared set, tokens of rows/s per core" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_tracking_benchmark_measures_a_run_and_a_search(tmp_path):
+    out = tmp_path / "tracking.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tracking_overhead.py"), "--steps", "20", "--repeats", "1",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [run["width"] for run in result["single_run"]] == [32, 256] and all(run["ratio"] > 0 for run in result["single_run"])
+    assert result["search"]["wandb+mlflow"]["trials"] == result["search"]["none"]["trials"] > 10
+    assert result["search"]["none"]["tracking_s"] == 0 < result["search"]["wandb+mlflow"]["tracking_s"]

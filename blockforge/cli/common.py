@@ -32,6 +32,22 @@ def add_set(parser: argparse.ArgumentParser, help: str = "override a recipe valu
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_assignment, help=help)
 
 
+def add_report_to(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--report-to wandb,mlflow,tensorboard` (the HF Trainer's flag): the same as `--set tracking.report_to=[...]`."""
+    parser.add_argument("--report-to", dest="overrides", action="append", metavar="TRACKERS", type=_report_to,
+                        help=f"log {what} to these trackers, comma-separated (wandb, mlflow, tensorboard; none), as "
+                             "--set tracking.report_to=[...] does; credentials from each tool's environment variables")
+
+
+def _report_to(text: str) -> Assignment:
+    from blockforge.spec.tracking import report_to_flag
+
+    try:
+        return Assignment("tracking.report_to", report_to_flag(text))
+    except SpecError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
+
+
 def format_metrics(metrics: dict | None) -> str:
     if not metrics:
         return "no metrics"

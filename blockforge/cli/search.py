@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli.common import add_set, positive_int
+    from blockforge.cli.common import add_report_to, add_set, positive_int
 
     p = sub.add_parser("search", help="search alpha (or any dotted keys) per cell on Ray Tune + Optuna")
     p.add_argument("file", help="a search YAML file (see searches/)")
@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mfu", type=float, default=None, help="with --plan --gpu: the fraction of the dense bf16 peak reached (default 0.4)")
     add_set(p, help="override a key of the search file (trials_per_cell=4, steps=60, confirm.seeds=3, cells.model.depth=[4,8]) or of its "
                     "base recipe (train.lr=0.003), by dotted key (repeatable); a resume takes the same ones")
+    add_report_to(p, "every trial")
     p.set_defaults(func=run)
 
 

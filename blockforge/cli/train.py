@@ -9,11 +9,12 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from blockforge.cli.common import add_set
+    from blockforge.cli.common import add_report_to, add_set
 
     p = sub.add_parser("train", help="train a recipe into a run folder")
     p.add_argument("recipe", help="a recipe YAML file")
     add_set(p)
+    add_report_to(p, "the run")
     p.add_argument("--out", help="the run folder (default: runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -23,6 +23,7 @@ from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, re
 from blockforge.spec.search import (SEED_KEY, Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets,
                                     is_search_key)
 from blockforge.spec.strict import canonical, parse, stable_hash
+from blockforge.spec.tracking import Tracking
 
 # The kinds of a searched key: a range [low, high] (uniform, loguniform, int), or listed values (choice, grid); and
 # `layers`, Mix-LN's alpha in one cell as the whole layer counts it reaches (Dimension.in_cell).
@@ -239,6 +240,9 @@ class SearchPlan:
     # Where the driver prepared the trials' data (search/datasets.py): set_key -> the set's folder or URI. Not part of
     # the fingerprint or of any trial's identity: it says where rows are read from, not which.
     prepared: dict[str, str] = field(default_factory=dict)
+    # The trackers the driver logs every trial to (the search file's tracking:, else its base recipe's); like `prepared`,
+    # not part of the fingerprint: a resumed search may be watched elsewhere.
+    tracking: Tracking = field(default_factory=Tracking)
 
     def varied_keys(self) -> set[str]:
         """Every key that differs between the search's models: its cells' keys, the space's and the baselines'."""
@@ -598,6 +602,10 @@ def _targets(spec: SearchFile, cells: list[dict], dimensions: list[Dimension], c
     return targets
 
 
+def _tracking_key(key: str) -> bool:
+    return key.split(".", 1)[0].split("[", 1)[0] == "tracking"
+
+
 def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: str, kept: dict | None = None) -> SearchPlan:
     raw = read_yaml(path) if kept is None else kept["search"]
     given = list(overrides or [])
@@ -626,9 +634,10 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         dimensions=dimensions, baselines=spec.baselines, trials_per_cell=trials, metric=objective.metric, mode=objective.mode,
         penalty=float(penalty), asha=asha, sampler=spec.sampler, resources=spec.resources, max_concurrent=spec.max_concurrent,
         settings=settings, confirm=spec.confirm, workdir=workdir,
-        inputs_hash=stable_hash({"file": raw, "base": load.base_data, "set": [[key, value] for key, value in given]}),
+        inputs_hash=stable_hash({"file": {k: v for k, v in raw.items() if k != "tracking"} if isinstance(raw, dict) else raw, "base": load.base_data,
+                                 "set": [[key, value] for key, value in given if not _tracking_key(key)]}),
         targets=targets, transfer=spec.transfer, costs=costs, constraints=constraints, adjustments=adjustments, search_data=raw,
-        keep_checkpoints=spec.keep_checkpoints,
+        keep_checkpoints=spec.keep_checkpoints, tracking=load.tracking(),
     )
     _check_length(spec, plan, fail)
     if spec.guide is not None:
@@ -650,6 +659,19 @@ class _Loader:
         if kept is None and not self.base_path.is_file():
             raise self.fail(f"base recipe '{spec.base}' not found next to the search file ({self.base_path})", "base")
         self.base_data = read_composed(self.base_path) if kept is None else kept["base"]
+        # A base recipe's tracking: is the search's default; trials never log themselves (the driver logs them)
+        self.base_tracking = self.base_data.pop("tracking", None) if isinstance(self.base_data, dict) else None
+
+    def tracking(self) -> Tracking:
+        """The search file's tracking:, else the base recipe's, else none."""
+        if self.spec.tracking is not None:
+            return self.spec.tracking
+        if self.base_tracking is None:
+            return Tracking()
+        try:
+            return parse(Tracking, self.base_tracking, path="tracking")
+        except SpecError as err:
+            raise err.located(str(self.base_path)) from None
 
     def fail(self, message: str, where: str) -> SpecError:
         return SpecError(message, path=where, file=str(self.path))

@@ -175,17 +175,21 @@ def _join(address: str, settings: dict) -> None:
 class ProgressView:
     """A compact live view: counts by status and the best trial per cell, on every completion (throttled)."""
 
-    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None):
-        """scheduler: the search's CellScheduler, whose rung tables the line quotes (Tune pickles both together)."""
+    current: "ProgressView | None" = None  # the view of the search this process drives now
+
+    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None, tracking=None):
+        """scheduler: the search's CellScheduler, whose rung tables the line quotes (Tune pickles both together);
+        tracking: the search's trackers (search/tracked.py), given what the trials added at each update."""
         self.path, self.plan, self.every_s, self.scheduler = ledger.path, plan, every_s, scheduler  # no stream held: Tune pickles callbacks
         self.started = time.time()
         self.last = 0.0
         self.journal = None  # views.LiveJournal, opened at the first update
         self.ledger = LedgerFollower(self.path)  # follows what the searcher appends: each update reads only the new lines
         self.evidence: dict[str, tuple[int, object]] = {}  # cell -> (its finished trials when computed, its evidence)
+        self.tracking = tracking
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "journal": None, "evidence": {}}
+        return {**self.__dict__, "journal": None, "evidence": {}, "tracking": None}
 
     def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
         records = self.ledger.records() if records is None else records
@@ -249,6 +253,8 @@ class ProgressView:
                 if self.journal is None:
                     self.journal = LiveJournal(self.path.parent, self.plan)
                 self.journal.update(self.ledger)  # optuna-dashboard follows the search: new trials appended
+            if self.tracking is not None:
+                self.tracking.update(records)  # W&B, MLflow: the curves trained since the last update
 
 
 def _tune_callback(view: ProgressView):
@@ -256,20 +262,28 @@ def _tune_callback(view: ProgressView):
 
     from blockforge.search.trials import WRITE_ERROR, WRITE_FIX
 
+    def live() -> ProgressView:
+        """This driver's view: a restored Tuner calls the copy of the view it unpickled, which holds no trackers."""
+        current = ProgressView.current
+        if current is None or current is view:
+            return view
+        current.scheduler = current.scheduler or view.scheduler  # the rung tables came back with the unpickled copy
+        return current
+
     class Live(Callback):
         def setup(self, **info):
             _tune_listening()
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            view.update(tune_trials=trials)
+            live().update(tune_trials=trials)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            view.update(tune_trials=trials)
+            live().update(tune_trials=trials)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if WRITE_ERROR in result:
                 _write_failed(result[WRITE_ERROR], result.get(WRITE_FIX) or "free space")
-            view.update(tune_trials=trials)
+            live().update(tune_trials=trials)
 
     return Live()
 
@@ -608,58 +622,72 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         retried = []
         store.start_afresh()
     ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
-    with Interrupts(command) as interrupts, store.driving():
-        started_here = ensure_ray(address)
-        try:
-            interrupts.arm()
-            check_cluster(plan, needs, address, store)
-            interrupts.check()
-            from blockforge.search.datasets import check_named_sets, prepare_search_sets
+    from blockforge.search.tracked import SearchTracking
 
-            check_named_sets(plan)
-            plan.prepared = prepare_search_sets(plan, store, should_stop=interrupts.check)  # before the first trial
-            interrupts.check()
-            if not resume:
-                atomic_write_json(marker, folder_marker(plan, overrides))
-                store.put(MARKER)
-            view = ProgressView(ledger, plan, every_s=progress_every_s)
+    tracking = SearchTracking.open(plan, store)  # W&B, MLflow: their failures are warnings, before anything trains
+    try:
+        with Interrupts(command) as interrupts, store.driving():
+            started_here = ensure_ray(address)
             try:
-                _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
-            except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
-                reason = _write_failure_in(err) if interrupts.phase == "fit" else None
-                if reason is None:
-                    raise
-                said, fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
-                if interrupts.write_failure is None:
-                    interrupts.write_failure, interrupts.write_fix = said, fix
-        except BaseException:
-            if interrupts.phase == "start" and not resume:
-                marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
-                if store.remote:
-                    with contextlib.suppress(BlockforgeError):
-                        store.storage.delete(MARKER)
-            raise
-        finally:
-            try:
-                ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # read again: what the searcher appended is in it
-                if interrupts.phase != "start":
-                    ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
-            except OSError:
-                if interrupts.write_failure is None:
-                    raise  # on a full disk the trial's running record stands, and --resume continues it all the same
+                interrupts.arm()
+                check_cluster(plan, needs, address, store)
+                interrupts.check()
+                from blockforge.search.datasets import check_named_sets, prepare_search_sets
+
+                check_named_sets(plan)
+                plan.prepared = prepare_search_sets(plan, store, should_stop=interrupts.check)  # before the first trial
+                interrupts.check()
+                if not resume:
+                    atomic_write_json(marker, folder_marker(plan, overrides))
+                    store.put(MARKER)
+                view = ProgressView(ledger, plan, every_s=progress_every_s, tracking=tracking)
+                ProgressView.current = view
+                try:
+                    _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
+                except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
+                    reason = _write_failure_in(err) if interrupts.phase == "fit" else None
+                    if reason is None:
+                        raise
+                    said, fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
+                    if interrupts.write_failure is None:
+                        interrupts.write_failure, interrupts.write_fix = said, fix
+            except BaseException:
+                if interrupts.phase == "start" and not resume:
+                    marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
+                    if store.remote:
+                        with contextlib.suppress(BlockforgeError):
+                            store.storage.delete(MARKER)
+                raise
             finally:
-                if started_here:
-                    stop_ray()
-        interrupts.phase = "end"
-        if interrupts.write_failure is not None:
-            raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
-                             f"{interrupts.resume_command}")
-        view.update(force=True, journal=False)  # the reports below rebuild every view
-        from blockforge.search.report import write_reports
+                try:
+                    ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # read again: what the searcher appended is in it
+                    if interrupts.phase != "start":
+                        ledger.mark_interrupted("stopped with the search; resumes from its checkpoint with --resume")
+                except OSError:
+                    if interrupts.write_failure is None:
+                        raise  # on a full disk the trial's running record stands, and --resume continues it all the same
+                finally:
+                    if started_here:
+                        stop_ray()
+            interrupts.phase = "end"
+            if interrupts.write_failure is not None:
+                raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
+                                 f"{interrupts.resume_command}")
+            view.update(force=True, journal=False)  # the reports below rebuild every view
+            from blockforge.search.report import write_reports
 
-        store.pull_runs()  # every run's curves and results, as the trials put them up
-        summary = write_reports(search_dir, plan, ledger, location=str(store))
-        store.put_reports()
+            store.pull_runs()  # every run's curves and results, as the trials put them up
+            summary = write_reports(search_dir, plan, ledger, location=str(store))
+            store.put_reports()
+            if tracking is not None:
+                from blockforge.search.findings import Findings
+
+                tracking.finish(ledger.records(), Findings.of(plan, ledger.records()), stopped=interrupts.signal is not None)
+                tracking = None
+    finally:
+        ProgressView.current = None
+        if tracking is not None:  # the search stopped on an error: its tracker runs end as killed
+            tracking.trackers.close(finished=False)
     return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command,
                          location=str(store))
 

@@ -1,6 +1,6 @@
 """Recipe files: YAML with `base:` composition, strict parsing and dotted overrides (`--set a.b=1`).
 
-A recipe has three separate sections, `model`, `train` and `data`; `base:` names one or more recipe
+A recipe has three separate sections, `model`, `train` and `data` (and `tracking`, where a run is logged); `base:` names one or more recipe
 files (relative to this one) that are merged first, mappings key by key and everything else replaced.
 """
 
@@ -27,14 +27,18 @@ from blockforge.spec.model import ModelSpec, ResolvedSpec
 from blockforge.spec.resolve import resolve
 from blockforge.spec.strict import parse
 from blockforge.spec.strict_yaml import load_text, read_yaml
+from blockforge.spec.tracking import Tracking
 from blockforge.spec.train import TrainConfig
 
 
 @dataclass(kw_only=True)
 class Recipe:
+    hash_excluded = frozenset({"tracking"})  # where a run is watched, not what it trains
+
     model: ModelSpec = field(metadata={"help": "a recipe needs a model section"})
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    tracking: Tracking = field(default_factory=Tracking)
 
     def check(self, path: str) -> None:
         chosen = self.train.activation_checkpointing

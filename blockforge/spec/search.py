@@ -13,6 +13,7 @@ from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message, unknown_key_message
 from blockforge.spec.strict import choice
+from blockforge.spec.tracking import Tracking
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
 # Costs a search may trade quality against (blockforge.search.costs computes or measures them), with their natural direction
@@ -285,6 +286,8 @@ class SearchFile:
     # A cost axis: the quality metric first, then one or more costs; constraints keep candidates within cost bounds
     objectives: list[ObjectiveEntry] | None = None
     constraints: dict[str, Bound] = field(default_factory=dict)
+    # Experiment trackers every trial is logged to (default: the base recipe's tracking:); not part of what the search is
+    tracking: Tracking | None = None
 
     def check(self, path: str) -> None:  # the root of a search file: key paths start here
         if self.name is not None and (not SAFE_NAME.fullmatch(self.name) or ".." in self.name):

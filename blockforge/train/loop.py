@@ -48,6 +48,7 @@ from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device
 from blockforge.train.signals import StopRequest
 from blockforge.train.task import evaluate, layer_grad_norms
+from blockforge.tracking import flat
 
 EXIT_DIVERGED = 3
 
@@ -170,7 +171,8 @@ class Trainer:
         if checkpoint is not None:
             self.state.update(restore_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
-        self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main)
+        self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main, tracking=self.recipe.tracking,
+                          config=flat({"model": to_plain(self.recipe.model), "train": to_plain(self.recipe.train), "data": to_plain(self.recipe.data)}))
         self.data_info: dict[str, Any] = {}  # the data's description; filled on the main rank
         if self.world.is_main:
             self._write_run_files()
@@ -273,7 +275,8 @@ class Trainer:
                 "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
                 "elapsed": self.state["elapsed"],
             })
-            self.log.close()
+            self.log.close({"status": str(result.status), "step": result.step, **result.metrics},
+                           failed=result.status in (Status.FAILED, Status.INTERRUPTED))
         return result
 
     def _interrupt(self, step: int, signum: int, checkpointed: bool) -> None:

@@ -29,15 +29,17 @@ from .test_golden import ROOT, synthetic_curves
 ALPHA = "model.layers.mix_ln.alpha"
 
 
-def quickstart(where, node: Path, stop_after=None):
+def quickstart(where, node: Path, stop_after=None, each=None, plan=None):
     """The shipped quickstart driven along the golden synthetic curves into `where` (a folder or a URI), its search.json
-    and reports written as the driver writes them; `stop_after`: a kill partway, one more trial left running."""
-    plan = load_search(ROOT / "searches" / "quickstart.yaml")
+    and reports written as the driver writes them; `stop_after`: a kill partway, one more trial left running; `each`:
+    called after every trial; `plan`: the quickstart's, loaded with overrides that change nothing it decides."""
+    plan = plan or load_search(ROOT / "searches" / "quickstart.yaml")
     store = SearchStore(Storage.open(where))
     atomic_write_json(store.local / MARKER, folder_marker(plan, None))
     store.put(MARKER)
     searcher = CellSearcher(plan, store)
-    drive_curves(searcher, CellScheduler(plan, store), synthetic_curves(plan), limit=5000, node=node, stop_after=stop_after)
+    stop = lambda handed: bool((each and each(handed)) or (stop_after and stop_after(handed)))  # noqa: E731
+    drive_curves(searcher, CellScheduler(plan, store), synthetic_curves(plan), limit=5000, node=node, stop_after=stop)
     if stop_after is not None:
         assert searcher.suggest("left-running") is not None
     store.pull_runs()

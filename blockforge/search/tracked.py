@@ -1,0 +1,88 @@
+"""A search in the experiment trackers its `tracking:` names (blockforge/tracking.py).
+
+The driver logs every trained run folder as one tracker run (W&B: grouped by search, job type the cell; MLflow: a
+child of the search's run), from the run's metrics.jsonl, as the search goes; the trials log nothing themselves, so a
+tracker costs a trial nothing and needs its credentials on the driver's machine only. A run's config holds the cell,
+the searched values, k, seed, stage and the trial's identity; its summary, the trial's outcome. At the end the answer of
+each cell goes in as a table (W&B: a run of the group; MLflow: the search's run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blockforge.search.config import SearchPlan
+from blockforge.search.ledger import TrialRecord
+from blockforge.search.runs import metric_lines
+from blockforge.tracking import STATE_FILE, Trackers
+from blockforge.train.events import Status
+
+ANSWER_COLUMNS = ["cell", "winner", "post_ln_layers", "mean", "sd", "n", "vs_pre_ln", "low", "high", "verdict", "tied_with", "claim"]
+
+
+def trial_config(plan: SearchPlan, record: TrialRecord) -> dict:
+    """What a tracker run's config (params) holds: the search, the cell and its keys, the searched values, k, seed,
+    stage and the trial's identity."""
+    return {"search": plan.name, "cell": record.cell, **plan.cell(record.cell), **record.overrides, "post_ln_layers": record.post_ln_layers,
+            "alpha": record.alpha, "seed": record.seed, "trial": record.trial, "stage": record.stage, "model": record.model,
+            "identity": record.identity}
+
+
+class SearchTracking:
+    def __init__(self, plan: SearchPlan, store):
+        self.plan, self.store = plan, store
+        self.trackers = Trackers(plan.tracking, name=plan.name, state_dir=store.local, what="the search", group=plan.name,
+                                 on_save=lambda path: store.put(STATE_FILE))
+
+    @classmethod
+    def open(cls, plan: SearchPlan, store) -> "SearchTracking | None":
+        """The search's trackers, if its tracking: names any besides tensorboard (whose view the search always writes)."""
+        if not [t for t in plan.tracking.report_to if t != "tensorboard"]:
+            return None
+        return cls(plan, store)
+
+    def update(self, records: list[TrialRecord]) -> None:
+        """Log what every run folder has added since the last update; finish the tracker runs of runs that ended."""
+        if not self.trackers:
+            return
+        runs: dict[str, list[TrialRecord]] = {}
+        for record in records:
+            if record.run_dir and record.status != Status.DUPLICATE:
+                runs.setdefault(record.run_dir, []).append(record)
+        state = self.trackers.state["runs"]
+        for run_dir, mine in runs.items():
+            first, latest = mine[0], max(mine, key=lambda r: r.seq)
+            key = Path(run_dir).relative_to(self.store.local).as_posix() if Path(run_dir).is_relative_to(self.store.local) else run_dir
+            if state.get(key, {}).get("ended") == latest.seq:
+                continue  # nothing happened to it since its tracker runs were finished
+            if self.store.remote:  # the curve as the trial last put it up
+                from blockforge.storage import Mirror
+
+                Mirror(self.store.storage, key, Path(run_dir)).pull(lambda name: name == "metrics.jsonl", remove=False)
+            ended = None if latest.status == Status.RUNNING else {"status": str(latest.status), "value": latest.value,
+                                                                  "steps": latest.steps, "trial": latest.trial, "stage": latest.stage}
+            self.trackers.log(key, metric_lines(run_dir), name=f"{first.cell} trial {first.trial} seed {first.seed}", kind=first.cell,
+                              config=trial_config(self.plan, first), ended=ended,
+                              failed=latest.status in (Status.FAILED, Status.INTERRUPTED))
+            if ended is not None:
+                state.setdefault(key, {})["ended"] = latest.seq
+        self.trackers.save()
+
+    def finish(self, records: list[TrialRecord], found, stopped: bool = False) -> None:
+        """The last update, the answers per cell as a table, then every tracker run closed."""
+        from blockforge.search.evidence import describe
+
+        self.update(records)
+        if not self.trackers:
+            return
+        rows = []
+        for cell in self.plan.all_names():
+            e = found.evidence[cell]
+            w, vs = e.winner, e.vs_reference
+            rows.append([cell, describe(w) if w else None, w.post_ln_layers if w else None, w.mean if w else None, w.sd if w else None,
+                         w.n if w else 0, vs.mean if vs else None, vs.low if vs else None, vs.high if vs else None, e.verdict,
+                         "; ".join(describe(c) for c in e.tied_with_winner()), e.claim()])
+        law = (found.boot.verdict if found.boot else found.law.verdict) if self.plan.varies_alpha and found.law else ""
+        summary = {"trials": len(records), **({"alpha_law": law} if law else {}), **({"stopped": True} if stopped else {})}
+        self.trackers.answers("answers", f"{self.plan.name} answers", ANSWER_COLUMNS, rows, summary)
+        self.trackers.close(finished=not stopped)

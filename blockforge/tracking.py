@@ -1,0 +1,264 @@
+"""Experiment trackers: a run's curves, or every trial of a search, in Weights & Biases and MLflow.
+
+`Trackers` logs the lines of metrics.jsonl (each numeric value as EVENT/KEY, e.g. eval/val_loss, against the line's step)
+to one tracker run per training run, started when the run has something to log and finished, with its outcome as the
+summary, when it ends; a run continued later (a resumed run, a pruned trial promoted) continues the same tracker run.
+What went where (each tracker run's id, the last step logged per event) is kept in tracking.json beside the records, so
+nothing is logged twice across resumes and a resumed search continues its tracker runs.
+
+Trackers never stop the work they watch. A tracker whose package is missing, whose credentials are absent, or that
+raises (offline, a server gone) is one warning, once, naming it and the cause; the work goes on without it. Credentials
+come only from each tool's own environment (WANDB_API_KEY, WANDB_MODE, MLFLOW_TRACKING_URI, ...). Both trackers are
+driven through their own client APIs, with no process-global state: a search's driver holds many runs at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from blockforge.errors import warn
+from blockforge.io import atomic_write_text
+
+STATE_FILE = "tracking.json"
+EXTRA = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}  # tracker -> (its module, blockforge's extra)
+PARENT = "(search)"  # the key of a search's own MLflow run
+STEP = "step"  # W&B's x-axis for every logged metric (its own _step counts log calls)
+
+
+def metric_rows(lines: list[dict]) -> list[tuple[str, int, dict[str, float]]]:
+    """(event, step, {EVENT/KEY: value}) of each metrics.jsonl line that has numbers."""
+    rows = []
+    for line in lines:
+        event = str(line.get("event", "train"))
+        values = {f"{event}/{key}": float(value) for key, value in line.items()
+                  if key not in ("step", "event") and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if values and isinstance(line.get("step"), int):
+            rows.append((event, line["step"], values))
+    return rows
+
+
+def flat(data: dict, prefix: str = "") -> dict:
+    """Nested plain data as dotted keys (model.width, train.lr), lists kept whole: what a tracker's config holds."""
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{name}."))
+        elif value is not None and value != {}:
+            out[name] = value
+    return out
+
+
+def _run_id() -> str:
+    """A new W&B run id: eight lowercase letters and digits, as W&B makes them."""
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class _WandB:
+    """W&B runs through wandb.init(reinit="create_new"): several open at once in one process, console and system metrics
+    left out (the process is a driver, not the trial)."""
+
+    name = "wandb"
+
+    def __init__(self, project: str, entity: str | None, group: str | None):
+        import wandb
+
+        self.wandb, self.project, self.entity, self.group = wandb, project, entity, group
+        mode = os.environ.get("WANDB_MODE", "online")
+        if mode not in ("offline", "disabled", "dryrun") and not wandb.login(prompt=False, verify=False):
+            raise RuntimeError("no W&B credentials: set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline")
+        # read now, not once per process by wandb's own set-up: a notebook's second search may be logged elsewhere
+        self.where = {"mode": os.environ.get("WANDB_MODE"), "dir": os.environ.get("WANDB_DIR")}
+        self.runs: dict[str, Any] = {}
+
+    def _init(self, **kwargs) -> Any:
+        wandb = self.wandb
+        return wandb.init(project=self.project, entity=self.entity, group=self.group, reinit="create_new", **self.where,
+                          settings=wandb.Settings(console="off", x_disable_stats=True, silent=True), **kwargs)
+
+    def start(self, key: str, run_id: str | None, name: str, kind: str, config: dict, parent: str | None) -> str:
+        run = self._init(job_type=kind, name=name, config=config, id=run_id or _run_id(), resume="allow")
+        run.define_metric(STEP)
+        run.define_metric("*", step_metric=STEP)
+        self.runs[key] = run
+        return run.id
+
+    def log(self, key: str, rows: list[tuple[str, int, dict[str, float]]]) -> None:
+        run = self.runs[key]
+        for _, step, values in rows:
+            run.log({**values, STEP: step})
+
+    def finish(self, key: str, summary: dict, failed: bool) -> None:
+        run = self.runs.pop(key)
+        run.summary.update(summary)
+        run.finish(exit_code=1 if failed else 0)
+
+    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict) -> None:
+        run = self._init(job_type="answers", name=title)
+        run.log({name: self.wandb.Table(columns=columns, data=rows)})
+        run.summary.update(summary)
+        run.finish()
+
+    def close(self) -> None:
+        for key in list(self.runs):
+            self.runs.pop(key).finish()
+
+
+class _MLflow:
+    """MLflow runs through MlflowClient (no active-run state): a parent run for a search, a child run per trial."""
+
+    name = "mlflow"
+
+    def __init__(self, experiment: str):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()  # MLFLOW_TRACKING_URI (and its credentials) from the environment
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+        self.runs: dict[str, str] = {}
+
+    def start(self, key: str, run_id: str | None, name: str, kind: str, config: dict, parent: str | None) -> str:
+        from mlflow.entities import Param
+
+        if run_id is not None:
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            tags = {"blockforge.kind": kind, **({"mlflow.parentRunId": parent} if parent else {})}
+            run_id = self.client.create_run(self.experiment, run_name=name, tags=tags).info.run_id
+            params = [Param(str(k)[:250], json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+                self.client.log_batch(run_id, params=params[i:i + 100])
+        self.runs[key] = run_id
+        return run_id
+
+    def log(self, key: str, rows: list[tuple[str, int, dict[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(name, value, now, step) for _, step, values in rows for name, value in values.items()]
+        for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
+            self.client.log_batch(self.runs[key], metrics=metrics[i:i + 1000])
+
+    def finish(self, key: str, summary: dict, failed: bool) -> None:
+        run_id = self.runs.pop(key)
+        for name, value in summary.items():
+            self.client.set_tag(run_id, f"blockforge.{name}", str(value))
+        self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+
+    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None) -> None:
+        if parent is None:
+            return
+        self.client.log_table(parent, data={c: [row[i] for row in rows] for i, c in enumerate(columns)}, artifact_file=f"{name}.json")
+        for key, value in summary.items():
+            self.client.set_tag(parent, f"blockforge.{key}", str(value)[:5000])
+
+    def close(self) -> None:
+        for key in list(self.runs):
+            self.client.set_terminated(self.runs.pop(key), status="KILLED")
+
+
+class Trackers:
+    """The trackers of one run or one search, named by `tracking` (spec/tracking.py); tensorboard is left to the callers
+    (a run writes its own event files, a search its tensorboard/ folder). `state_dir` keeps tracking.json; `what` names
+    the work in warnings ("the search"); `group` groups a search's runs (W&B group, MLflow parent run)."""
+
+    def __init__(self, tracking, *, name: str, state_dir: Path, what: str, group: str | None = None,
+                 on_save: Callable[[Path], None] | None = None):
+        self.what, self.group, self.on_save = what, group, on_save
+        self.path = Path(state_dir) / STATE_FILE
+        self.state = self._read()
+        self.backends: dict[str, Any] = {}
+        project = tracking.project or name
+        for tracker in tracking.report_to:
+            if tracker == "tensorboard":
+                continue
+            module, extra = EXTRA[tracker]
+            try:
+                __import__(module)
+            except ImportError:
+                warn(f"tracking: {tracker} needs its package: pip install 'blockforge[{extra}]'; {what} goes on without it")
+                continue
+            backend = self._guarded(tracker, "starting", lambda t=tracker: _WandB(project, tracking.entity, group) if t == "wandb"
+                                    else _MLflow(project))
+            if backend is not None:
+                self.backends[tracker] = backend
+        if group is not None and "mlflow" in self.backends:  # the search's parent run, continued on resume
+            parent = self.state.get("parent")
+            mlflow = self.backends["mlflow"]
+            self.state["parent"] = self._guarded("mlflow", "starting the search's run", lambda: mlflow.start(
+                PARENT, parent, group, "search", {"search": group}, None)) or parent
+            mlflow.runs.pop(PARENT, None)  # closed by close(), not with the trials'
+
+    def __bool__(self) -> bool:
+        return bool(self.backends)
+
+    def _read(self) -> dict:
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {"runs": {}}
+        return state if isinstance(state, dict) and isinstance(state.get("runs"), dict) else {"runs": {}}
+
+    def _guarded(self, tracker: str, doing: str, call: Callable[[], Any]) -> Any:
+        """call(); a failure leaves `tracker` out from now on, said once."""
+        try:
+            return call()
+        except Exception as err:  # any tracker error: the work goes on (its cause is in the sentence)
+            cause = (str(err).strip().splitlines() or [""])[0][:300]
+            warn(f"tracking: {tracker} failed {doing} ({type(err).__name__}: {cause}); {self.what} goes on without it")
+            self.backends.pop(tracker, None)
+            return None
+
+    def log(self, key: str, lines: list[dict], *, name: str, kind: str, config: dict, ended: dict | None = None,
+            failed: bool = False, start: bool = False) -> None:
+        """Log the lines of run `key` not logged before (per tracker and event, by step), starting its tracker runs as
+        needed (`start`: now, with nothing to log yet); `ended`: the run has ended (its summary), so its tracker runs are
+        finished until it has more to log."""
+        entry = self.state["runs"].setdefault(key, {"ids": {}, "logged": {}})
+        rows = metric_rows(lines)
+        for tracker, backend in list(self.backends.items()):
+            logged = entry["logged"].setdefault(tracker, {})
+            new = [row for row in rows if row[1] > logged.get(row[0], -1)]
+            is_open = key in backend.runs
+            if (new or start) and not is_open:
+                started = self._guarded(tracker, f"starting the run of {name}", lambda: backend.start(
+                    key, entry["ids"].get(tracker), name, kind, config, self.state.get("parent")))
+                if started is None:
+                    continue
+                entry["ids"][tracker], is_open = started, True
+            if new and self._guarded(tracker, f"logging {name}", lambda: backend.log(key, new) or True):
+                for event, step, _ in new:
+                    logged[event] = max(step, logged.get(event, -1))
+            if ended is not None and is_open and tracker in self.backends:
+                self._guarded(tracker, f"finishing the run of {name}", lambda: backend.finish(key, ended, failed))
+
+    def answers(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict) -> None:
+        """A table of answers (a search's, per cell) with a summary, in each tracker."""
+        for tracker, backend in list(self.backends.items()):
+            if tracker == "mlflow":
+                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
+            else:
+                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary))
+
+    def save(self) -> None:
+        """Keep what was logged where (tracking.json), for a resume."""
+        if self.backends or self.path.exists():
+            atomic_write_text(self.path, json.dumps(self.state, separators=(",", ":")))
+            if self.on_save is not None:
+                self.on_save(self.path)
+
+    def close(self, finished: bool = True) -> None:
+        """Finish every tracker run still open (the work stopped), the search's parent run too."""
+        parent = self.state.get("parent")
+        for tracker, backend in list(self.backends.items()):
+            self._guarded(tracker, "closing", backend.close)
+            if tracker == "mlflow" and parent and tracker in self.backends:
+                self._guarded(tracker, "closing", lambda: backend.client.set_terminated(parent, status="FINISHED" if finished else "KILLED"))
+        self.save()
