@@ -316,6 +316,12 @@ def test_the_reference_pages_are_generated_from_the_code():
         assert all(f"`{child.key}`" in pages["reference/recipe.md"] for child in RECIPE.children[section].children.values())
     for name in COMMANDS["search"]._option_string_actions:
         assert name in pages["reference/cli.md"]
+    import blockforge
+
+    for name in blockforge.__all__:  # the Python API: every exported name, the search view's methods with their docstrings
+        assert f"## `blockforge.{name}`" in pages["reference/python.md"]
+    for method in ("results", "cells", "law", "best", "export", "curves", "refresh"):
+        assert f"### `.{method}(" in pages["reference/python.md"] and getattr(blockforge.Search, method).__doc__.split("\n")[0] in pages["reference/python.md"]
 
 
 def test_every_documented_figure_is_shown_somewhere():

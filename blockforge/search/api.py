@@ -65,7 +65,7 @@ _RECORD_DTYPES["overrides"] = "string"  # as results.csv writes it: JSON
 class CellAnswer:
     """What a search found in one cell (or transfer target), as the reports state it."""
 
-    name: str
+    name: str  # the cell's name, e.g. "depth=8" ("depth=8,width=256" with two keys)
     target: bool  # a transfer target (the answers tested at a larger size or a longer training)
     evidence: CellEvidence  # every candidate that reached the full budget: mean, sd, n over seeds, best mean first
     winner: Candidate | None  # the best mean among the candidates with the confirmation's seeds
@@ -73,15 +73,15 @@ class CellAnswer:
     vs_pre_ln: Difference | None  # the winner minus the Pre-LN reference, paired over shared seeds, with its 95% interval
     tied: list[Candidate]  # finalists whose paired interval against the winner includes zero
     claim: str  # the sentence summary.md writes
-    window: "LawWindow | None" = None  # guidance: the Post-LN counts the laws predicted for it
+    window: LawWindow | None = None  # guidance: the Post-LN counts the laws predicted for it
     raced_out: dict[str, tuple[Candidate, Difference]] = dataclasses.field(default_factory=dict)  # racing: model -> (leader, difference)
     promoted: dict[str, str] = dataclasses.field(default_factory=dict)  # promotion: model -> why it was brought back
-    lr: "LrCheck | None" = None  # confirm.lr: each finalist's best learning rate and the verdict there
-    length: "LengthCheck | None" = None  # confirm.length: the verdict at each longer length
-    rungs: "CellRungs | None" = None  # early stopping against the full-budget curves (with a scheduler)
-    front: "Front | None" = None  # with a cost axis: quality against cost
-    prediction: "Prediction | None" = None  # a transfer target: the k the proxies predicted
-    outcome: "TargetOutcome | None" = None  # ... and whether it held
+    lr: LrCheck | None = None  # confirm.lr: each finalist's best learning rate and the verdict there
+    length: LengthCheck | None = None  # confirm.length: the verdict at each longer length
+    rungs: CellRungs | None = None  # early stopping against the full-budget curves (with a scheduler)
+    front: Front | None = None  # with a cost axis: quality against cost
+    prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
+    outcome: TargetOutcome | None = None  # ... and whether it held
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,10 @@ class LawAnswer:
     """The alpha laws fitted to the cells' winners (k/L), and their bootstrap over seed resamples."""
 
     points: list[dict]  # per cell: its winner's alpha (k/L), the alphas giving the same model, depth, width, value, n, verdict
-    fits: "LawReport"  # every law fitted to the points: parameters, RMSE, AICc, leave-one-out RMSE
-    bootstrap: "BootstrapReport | None"  # the laws refitted over seed resamples (None: fewer than two cells with replicates)
+    fits: LawReport  # every law fitted to the points: parameters, RMSE, AICc, leave-one-out RMSE
+    bootstrap: BootstrapReport | None  # the laws refitted over seed resamples (None: fewer than two cells with replicates)
     verdict: str  # the sentence summary.md writes
-    decided: "LawFit | None"  # the law the verdict names; None where the data cannot decide
+    decided: LawFit | None  # the law the verdict names; None where the data cannot decide
 
 
 class Search:
