@@ -112,6 +112,9 @@ def test_a_trial_recorded_twice_is_one_curve_in_its_cells_rungs(tmp_path):
     ("gs:bucket/x", "starts like a URI (gs://) but has no '//'"),
     ("file://host/x", "names the host 'host'"),
     ("s3://b/x?foo=bar", "cannot be opened (Unexpected query parameter in S3 URI: 'foo'); fix the URI"),
+    ("az://container/x", "az://container/x: no filesystem for az:// is installed"),
+    ("nosuchfs://x/y", "nosuchfs://x/y: no filesystem for nosuchfs:// is available"),
+    ("memory://x/y", "lives inside one process"),
 ])
 def test_an_out_that_is_no_search_folder_is_refused_by_name_before_anything_is_written(tmp_path, monkeypatch, capsys, out, needle):
     from blockforge.cli import main

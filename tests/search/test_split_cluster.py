@@ -12,14 +12,19 @@ import pytest
 from .split_cluster import SplitCluster
 
 
+def run_check(script: str, tmp_path: Path, timeout: int) -> dict:
+    """Run one of the split-cluster scripts beside this file; its report is the last line it prints (Ray may print above it)."""
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(tmp_path)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
 def test_worker_node_sees_its_own_empty_hidden_folder_and_a_replacement_starts_empty(tmp_path):
     # In a subprocess, so its Ray cluster does not meet the test session's Ray.
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_cluster_check.py")), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])  # Ray may print above it
+    report = run_check("split_cluster_check.py", tmp_path, timeout=300)
 
     first, again, second, third = report["first"], report["first_again"], report["second"], report["third"]
     # The worker does not see what the driver wrote under `hidden`, but sees what it wrote outside it ...
@@ -52,10 +57,7 @@ def test_worker_node_sees_its_own_empty_hidden_folder_and_a_replacement_starts_e
 @pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
 def test_a_search_on_nodes_that_share_no_disk_refuses_a_local_folder_and_in_object_storage_reports_as_a_local_one(tmp_path):
     # A head node (the driver, 0 CPUs) and a worker node whose view of the search folder is a private tmpfs.
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_search_check.py")), str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_check("split_search_check.py", tmp_path, timeout=900)
     # A local --out the worker node does not see: refused before any trial, naming the node and the fix.
     assert report["refused"] is not None and "cannot see this search folder" in report["refused"] and "s3://" in report["refused"]
     assert report["left_in_refused_folder"] == []  # no search.json, no trials
@@ -72,10 +74,7 @@ def test_a_search_on_nodes_that_share_no_disk_refuses_a_local_folder_and_in_obje
 @pytest.mark.slow
 @pytest.mark.skipif(not SplitCluster.available(), reason="needs root on Linux and `unshare --mount`")
 def test_the_faults_of_a_cluster_are_found_before_the_first_trial_and_resumes_run_where_the_search_ran(tmp_path):
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("split_faults_check.py")), str(tmp_path)],
-                          capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_check("split_faults_check.py", tmp_path, timeout=1500)
     # A worker node without the storage's variables: refused before any trial, naming the node and what it lacks.
     refused = report["refused"]
     assert refused is not None and "cannot reach the search's storage" in refused and "AWS_ENDPOINT_URL" in refused, refused

@@ -168,20 +168,6 @@ def test_a_driver_killed_mid_search_resumes_from_another_machine_losing_nothing(
     assert comparable(fetch_folder(storage, "compare"), uri) == comparable(tmp_path / "local", str(tmp_path / "local"))
 
 
-@pytest.mark.parametrize("out,needle", [
-    ("az://container/x", "no filesystem for az:// is installed"),
-    ("nosuchfs://x/y", "no filesystem for nosuchfs:// is available"),
-    ("memory://x/y", "lives inside one process"),
-])
-def test_a_uri_whose_filesystem_is_missing_is_refused_by_name(tmp_path, capsys, monkeypatch, out, needle):
-    monkeypatch.chdir(tmp_path)
-    path = _search(tmp_path)
-    assert main(["search", str(path), "--out", out]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and out in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert not any(p.name.endswith(":") for p in tmp_path.iterdir())  # never a local folder named after the scheme
-
-
 def test_a_missing_bucket_is_one_sentence_before_anything_is_written(tmp_path, capsys, s3, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = _search(tmp_path)
