@@ -645,12 +645,14 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 try:
                     _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
                 except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
-                    reason = _write_failure_in(err) if interrupts.phase == "fit" else None
-                    if reason is None:
+                    if interrupts.phase != "fit":
                         raise
-                    said, fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
-                    if interrupts.write_failure is None:
-                        interrupts.write_failure, interrupts.write_fix = said, fix
+                    if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
+                        reason = _write_failure_in(err)
+                        if reason is None:
+                            raise
+                        interrupts.write_failure, interrupts.write_fix = _failure_sentence(
+                            err, f"{store}: cannot write the search's records ({reason})")
             except BaseException:
                 if interrupts.phase == "start" and not resume:
                     marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
