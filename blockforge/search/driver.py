@@ -676,15 +676,16 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
                                  f"{interrupts.resume_command}")
             view.update(force=True, journal=False)  # the reports below rebuild every view
+            from blockforge.search.findings import Findings
             from blockforge.search.report import write_reports
 
             store.pull_runs()  # every run's curves and results, as the trials put them up
-            summary = write_reports(search_dir, plan, ledger, location=str(store))
+            records = ledger.records()
+            found = Findings.of(plan, records)  # one computation for the reports and the trackers' answers
+            summary = write_reports(search_dir, plan, ledger, location=str(store), found=found)
             store.put_reports()
             if tracking is not None:
-                from blockforge.search.findings import Findings
-
-                tracking.finish(ledger.records(), Findings.of(plan, ledger.records()), stopped=interrupts.signal is not None)
+                tracking.finish(records, found, stopped=interrupts.signal is not None)
                 tracking = None
     finally:
         ProgressView.current = None

@@ -466,11 +466,12 @@ def budget_text(plan: SearchPlan) -> str:
     return "per cell " + ", ".join(f"{cell}: {s.steps}" for cell, s in plan.settings.items()) + " steps"
 
 
-def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: str | None = None) -> str:
+def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: str | None = None, found: Findings | None = None) -> str:
     """Write every report file; returns the summary table and claims as text (what the CLI prints). `location`: where
-    the search is kept, as its views should name it (a remote search's URI; default: `search_dir`)."""
+    the search is kept, as its views should name it (a remote search's URI; default: `search_dir`). `found`: the
+    ledger's findings, when the caller computed them already."""
     records = ledger.records()
-    found = Findings.of(plan, records)
+    found = found or Findings.of(plan, records)
     transfer_markdown, transfer_lines, transfer_data = transfer_section(found) if plan.targets else ("", [], [])
     tensorboard = _write_data(search_dir, plan, records, found, transfer_data)
     plots = _write_plots(search_dir, plan, records, found)
