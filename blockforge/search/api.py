@@ -200,13 +200,18 @@ class Search:
 
         return export_best(self.where, out, cell=cell, format=format, progress=False, **options)
 
-    def curves(self, trial: int | None = None, cell: str | None = None) -> "pandas.DataFrame":
+    def curves(self, trial: int | str | None = None, cell: str | None = None) -> "pandas.DataFrame":
         """The evaluations (step, then each metric) of one trial (`trial` of `cell`, or of the only cell), of every trial of
-        `cell`, or of the whole search: one row per evaluation, with its cell, trial, seed and stage."""
+        `cell` (`curves("depth=8")` too), or of the whole search: one row per evaluation, with its cell, trial, seed and stage."""
         import pandas
 
         from blockforge.search.runs import evaluations
 
+        if isinstance(trial, str) and cell is None:  # a cell's name in the first place
+            trial, cell = None, trial
+        if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int)):
+            raise BlockforgeError(f"trial= {trial!r}: a trial is its number in its cell (results()' trial column), e.g. curves(3, "
+                                  f"cell={self.plan.all_names()[0]!r})")
         if trial is not None or cell is not None:
             cell = self.cell(cell).name
         chosen = [r for r in self.records if r.run_dir and (cell is None or r.cell == cell) and (trial is None or r.trial == trial)]

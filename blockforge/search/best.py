@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from blockforge.errors import BlockforgeError
@@ -12,12 +13,17 @@ from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 
 
-def pick_cell(cells: list[str], wanted: str | None, search_dir, flag: str = "--cell") -> str:
+def pick_cell(cells: list[str], wanted: str | Mapping | None, search_dir, flag: str = "--cell") -> str:
     """The cell `wanted` names (its keys in any order), or the only one; else one sentence naming the cells."""
     if wanted is None:
         if len(cells) == 1:
             return cells[0]
         raise BlockforgeError(f"{search_dir}: the search has {len(cells)} cells; choose one with {flag} (one of: {'; '.join(cells)})")
+    if isinstance(wanted, Mapping):  # {"depth": 8} from Python: the cell's name as its keys
+        wanted = ",".join(f"{key}={value}" for key, value in wanted.items())
+    if not isinstance(wanted, str):
+        raise BlockforgeError(f"{flag} {wanted!r}: a cell is named by its keys, as a string such as {cells[0]!r} (or a dict of them); "
+                              f"choose one of: {'; '.join(cells)}")
     # Accept the cell's keys in any order, e.g. "width=64,depth=4".
     want = set(part.strip() for part in wanted.split(","))
     for cell in cells:

@@ -107,6 +107,12 @@ def test_a_finished_search_opens_as_objects_equal_to_its_reports(tmp_path):
         search.cell("depth=5")
     with pytest.raises(BlockforgeError, match="has 3 cells; choose one"):
         search.best()
+    # a cell by its keys as a dict, a cell's curves by its name first; what names no cell or trial is one sentence
+    assert search.cell({"depth": 8}) is one and search.curves("depth=8").equals(search.curves(cell="depth=8"))
+    with pytest.raises(BlockforgeError, match=r"cell= 8: a cell is named by its keys, as a string such as 'depth=4'"):
+        search.cell(8)
+    with pytest.raises(BlockforgeError, match=r"trial= 1.5: a trial is its number in its cell"):
+        search.curves(1.5, cell="depth=8")
 
 
 def test_a_running_search_shows_the_records_so_far(tmp_path):
@@ -197,3 +203,20 @@ def test_a_sigterm_inside_run_search_leaves_a_resumable_search(tmp_path, ray_ses
     search = blockforge.run_search(path, out=out, resume=True)
     assert sorted(search.results()["status"]) == ["completed", "completed"]
     assert all(steps == 120 for steps in search.results()["steps"])
+
+
+@pytest.mark.slow  # two quickstart searches at 60 steps, trained (about 2 min each on two cores)
+def test_run_search_decides_the_quickstart_as_the_command_line(tmp_path, ray_session, monkeypatch):
+    """The shipped quickstart, shortened, run from the command line and from Python: the same trials, seeds, stages,
+    statuses and values, the same answers."""
+    from blockforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = ROOT / "searches" / "quickstart.yaml"
+    assert main(["search", str(path), "--set", "steps=60", "--out", "cli"]) == 0
+    search = blockforge.run_search(path, out="api", overrides={"steps": 60})
+    cli = blockforge.open_search("cli")
+    decided = lambda table: table.drop(columns="wall_s").reset_index(drop=True)  # noqa: E731
+    pandas.testing.assert_frame_equal(decided(search.results()), decided(cli.results()))
+    assert {n: a.claim for n, a in search.cells().items()} == {n: a.claim for n, a in cli.cells().items()}
+    assert search.law().verdict == cli.law().verdict
