@@ -1,6 +1,7 @@
 """User-facing errors: each carries one sentence that names the file, the key path and the fix."""
 
 import difflib
+import json
 import sys
 from typing import Any, Iterable
 
@@ -23,6 +24,18 @@ class SpecError(BlockforgeError, ValueError):
     def _render(self) -> str:
         where = ": ".join(part for part in (self.file, self.path) if part)
         return f"{where}: {self.message}" if where else self.message
+
+    def given_by(self, assignments) -> "SpecError":
+        """The same error, its key path marked with the --set (KEY, VALUE) that gave the value, when one did: the
+        file named does not hold that value."""
+        if self.file == "--set":  # already said of the --set itself
+            return self
+        key = self.path.rsplit(": ", 1)[-1]
+        for name, value in reversed(list(assignments or ())):  # the last --set of a key is the one that stands
+            if key == name or key.startswith((f"{name}.", f"{name}[")):
+                shown = value if isinstance(value, str) else json.dumps(value, default=str)
+                return SpecError(self.message, path=f"{self.path} (from --set {name}={shown})", file=self.file)
+        return self
 
     def located(self, file: str | None) -> "SpecError":
         """The same error, attributed to `file` unless it already names one."""
@@ -69,7 +82,7 @@ def unknown_choice_message(value: str, allowed: Iterable[str]) -> str:
 
 
 def unknown_key_message(key: Any, known: Iterable[str]) -> str:
-    known = list(known)
+    known = list(dict.fromkeys(known))  # each once, in order (a search file's keys and its recipe's overlap)
     hint = difflib.get_close_matches(str(key), known, n=1)
     did_you_mean = f"did you mean '{hint[0]}'? " if hint else ""
     return f"unknown key; {did_you_mean}known keys here: {', '.join(known)}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from blockforge.errors import SpecError
-from blockforge.spec.recipe import Assignment, parse_assignment
+from blockforge.spec.recipe import Assignment, Recipe, parse_assignment
 
 
 def _assignment(text: str) -> Assignment:
@@ -13,6 +13,16 @@ def _assignment(text: str) -> Assignment:
         return parse_assignment(text)
     except SpecError as err:
         raise argparse.ArgumentTypeError(err.message) from None
+
+
+def load_recipe_with_sets(path: str, overrides: list[Assignment]) -> Recipe:
+    """load_recipe, a bad value that a --set gave named with that --set (the file does not hold it)."""
+    from blockforge.spec import load_recipe
+
+    try:
+        return load_recipe(path, overrides)
+    except SpecError as err:
+        raise err.given_by(overrides) from None
 
 
 def positive_int(text: str) -> int:

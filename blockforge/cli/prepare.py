@@ -63,9 +63,9 @@ def _requests(args: argparse.Namespace) -> tuple[list, str | None]:
             raise BlockforgeError(f"{args.file}: its trials read no text that is not prepared already (data.prepared, or images); "
                                   "there is nothing to prepare")
         return [(s.request, s.rel, s) for s in sets], plan.name
-    from blockforge.spec import load_recipe
+    from blockforge.cli.common import load_recipe_with_sets
 
-    return [(request_for(load_recipe(args.file, args.overrides), args.tokens), "", None)], None
+    return [(request_for(load_recipe_with_sets(args.file, args.overrides), args.tokens), "", None)], None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -440,7 +440,7 @@ def load_search(path: str | os.PathLike, overrides: list[tuple[str, Any]] | None
     try:
         return _load_search(Path(path), overrides, workdir or os.getcwd(), kept)
     except SpecError as err:
-        raise err.located(str(path)) from None
+        raise err.located(str(path)).given_by(overrides) from None
 
 
 def folder_marker(plan: SearchPlan, overrides: list[tuple[str, Any]] | None) -> dict:
@@ -741,7 +741,7 @@ class _Loader:
                         _check_local_data(recipe)
                 except SpecError as err:
                     where = f"cell {name}" + (f" with baseline {probe}" if probe else "")
-                    raise SpecError(f"{where}: {err.path + ': ' if err.path else ''}{err.message}", file=str(self.path)) from None
+                    raise SpecError(err.message, path=f"{where}: {err.path}" if err.path else where, file=str(self.path)) from None
                 if not probe:
                     train = recipe.train
                     settings[name] = CellSettings(train.steps, train.eval_every, train.seed, recipe.model.depth)

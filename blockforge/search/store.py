@@ -169,7 +169,7 @@ class SearchStore:
     def _still_ours(self) -> None:
         """Refuse to write for a driver whose lease another driver took (this one was thought gone): a write failure, so
         the search stops as on a full disk."""
-        from blockforge.errors import BlockforgeError, FolderInUseError
+        from blockforge.errors import FolderInUseError
         from blockforge.storage import StorageError
 
         if self.lease is not None:

@@ -35,9 +35,11 @@ class DataConfig:
     hash_excluded = frozenset({"prepared"})
 
     source: str = choice(*TEXT_SOURCES, *IMAGE_SOURCES, default="builtin")
-    path: str | list[str] | None = None  # text: files or globs; fashion-mnist / image-folder: a folder
-    dataset: str | None = None  # hf: e.g. allenai/c4
-    name: str | None = None  # hf: the configuration, e.g. en
+    # text: files or globs; hf: the data files its builder reads (e.g. dataset json); fashion-mnist / image-folder: a
+    # folder; refused for the other sources, which read no path
+    path: str | list[str] | None = None
+    dataset: str | None = None  # hf: e.g. allenai/c4 (refused for the other sources)
+    name: str | None = None  # hf: the configuration, e.g. en (refused for the other sources)
     split: str = "train"  # hf: the training split
     val_split: str | None = "validation"  # hf: the validation split (None: hold out from `split`)
     text_field: str = "text"
@@ -50,7 +52,14 @@ class DataConfig:
     # A prepared set (`blockforge prepare`) of this data, a folder or a URI: its rows are read by index, not tokenized here
     prepared: str | None = None
 
+    # Keys only some sources read: set for another source, they would change nothing (refused, never ignored).
+    read_by = {"path": ("text", "hf", "fashion-mnist", "image-folder"), "dataset": ("hf",), "name": ("hf",)}
+
     def check(self, path: str) -> None:
+        for key, sources in self.read_by.items():
+            if getattr(self, key) is not None and self.source not in sources:
+                raise SpecError(f"is not read for data.source {self.source} (only for {', '.join(sources)}); remove it, or set the "
+                                "data.source that reads it", path=f"{path}.{key}")
         if self.source == "text" and not self.path:
             raise SpecError("is required for source text (files or globs)", path=f"{path}.path")
         if self.source in ("fashion-mnist", "image-folder") and not self.path:

@@ -190,8 +190,9 @@ def test_set_reaches_the_search_files_own_keys_as_strictly_as_recipe_keys(tmp_pa
     assert load_search(path, sets[:-2]).fingerprint() != plan.fingerprint()  # another --set: a resume is refused (driver)
     # Wrong keys and values are one sentence naming the key.
     for flag, needle in [("trials_per_cel=4", "did you mean 'trials_per_cell'"), ("confirm.seedz=4", "did you mean 'seeds'"),
-                         ("steps=abc", "steps: must be an integer"), ("cells.model.dept=[4]", "cells.model.dept"),
-                         ("trials_per_cell.x=3", "holds a single value"), ("steps=0", "steps")]:
+                         ("steps=abc", "steps (from --set steps=abc): must be an integer"), ("cells.model.dept=[4]", "cells.model.dept"),
+                         ("trials_per_cell.x=3", "holds a single value"), ("steps=0", "steps"),
+                         ("train.lr=abc", "cell depth=2: train.lr (from --set train.lr=abc): must be a number")]:
         capsys.readouterr()
         assert main(["search", str(path), "--plan", "--set", flag]) == 2, flag
         err = capsys.readouterr().err.strip()

@@ -114,6 +114,8 @@ CASES += [
     ("base width zero", GOOD_MODEL + "  parametrization: mup\n  base_width: 0\n", "model.base_width"),
     ("inverse attention scale without a base width", GOOD_MODEL + "  attention_scale: inverse\n", "model.attention_scale"),
     ("unknown attention scale", GOOD_MODEL + "  attention_scale: cubic\n", "model.attention_scale"),
+    ("a path the built-in corpus does not read", GOOD_MODEL + "data: {source: builtin, path: c4.txt}\n", "data.path: is not read for data.source builtin"),
+    ("a Hub dataset with text files", GOOD_MODEL + "data: {source: text, path: a.txt, dataset: allenai/c4}\n", "data.dataset: is not read"),
 ]
 
 
@@ -151,6 +153,19 @@ def test_bad_set_flag(tmp_path, capsys, assignment, needle):
     assert main(["inspect", str(path), "--set", assignment]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and needle in err
+
+
+def test_a_bad_value_says_whether_a_set_gave_it(tmp_path, capsys):
+    """The file named does not hold a value --set gave: the sentence says which --set did; a file's own value, not."""
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD_MODEL)
+    assert main(["inspect", str(path), "--set", "model.depth=deep", "--set", "model.width=64"]) == 2
+    assert "model.depth (from --set model.depth=deep): must be an integer" in capsys.readouterr().err
+    assert main(["inspect", str(path), "--set", "model.layers={mix_ln: {alpha: 3}}"]) == 2
+    assert 'model.layers.mix_ln.alpha (from --set model.layers={"mix_ln": {"alpha": 3}}): must lie in [0, 1]' in capsys.readouterr().err
+    path.write_text(GOOD_MODEL.replace("heads: 4", "heads: 5"))
+    assert main(["inspect", str(path), "--set", "model.depth=2"]) == 2
+    assert "from --set" not in capsys.readouterr().err
 
 
 def test_real_process_prints_no_traceback(tmp_path):
