@@ -34,17 +34,17 @@ def choice(*allowed: str, default: Any = dataclasses.MISSING, help: str | None =
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def describe_type(tp: Any) -> str:
+def describe_type(tp: Any, plural: bool = False) -> str:
+    """How an error names what `tp` accepts: 'an integer', 'a list of strings' (`plural`: 'integers')."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " or ".join(describe_type(a) for a in typing.get_args(tp) if a is not type(None))
+        return " or ".join(describe_type(a, plural) for a in typing.get_args(tp) if a is not type(None))
     if origin in (list, tuple):
-        return f"a list of {describe_type(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "a mapping"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+        return f"{'lists' if plural else 'a list'} of {describe_type(typing.get_args(tp)[0], plural=True)}"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "mappings" if plural else "a mapping"
+    names = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"), str: ("a string", "strings")}
+    return names[tp][plural] if tp in names else str(tp)
 
 
 def _describe_value(value: Any) -> str:

@@ -163,6 +163,8 @@ def test_a_bad_value_says_whether_a_set_gave_it(tmp_path, capsys):
     assert "model.depth (from --set model.depth=deep): must be an integer" in capsys.readouterr().err
     assert main(["inspect", str(path), "--set", "model.layers={mix_ln: {alpha: 3}}"]) == 2
     assert 'model.layers.mix_ln.alpha (from --set model.layers={"mix_ln": {"alpha": 3}}): must lie in [0, 1]' in capsys.readouterr().err
+    assert main(["inspect", str(path), "--set", "train.betas=0.9"]) == 2
+    assert "train.betas (from --set train.betas=0.9): must be a list of numbers, not 0.9 (float)" in capsys.readouterr().err
     path.write_text(GOOD_MODEL.replace("heads: 4", "heads: 5"))
     assert main(["inspect", str(path), "--set", "model.depth=2"]) == 2
     assert "from --set" not in capsys.readouterr().err
