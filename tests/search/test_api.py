@@ -115,6 +115,24 @@ def test_a_finished_search_opens_as_objects_equal_to_its_reports(tmp_path):
         search.curves(1.5, cell="depth=8")
 
 
+def test_the_how_to_pages_python_runs_as_printed_on_the_quickstart(tmp_path, monkeypatch):
+    """Every Python line of the notebooks how-to up to running a search (that one trains), on the quickstart along the
+    golden curves, in a folder where the page's paths name it; export() aside (these trials have no weights; it is
+    the export command's, tested with it)."""
+    from tests.test_docs import fenced_blocks
+
+    monkeypatch.chdir(tmp_path)
+    quickstart(tmp_path / "runs" / "search-quickstart", tmp_path / "node")
+    page = (ROOT / "docs" / "howto" / "notebooks-and-trackers.md").read_text().split("## Run a search from Python")[0]
+    blocks = ["\n".join(line for line in body.splitlines() if ".export(" not in line)
+              for lang, body, _ in fenced_blocks(page) if lang == "python"]
+    assert len(blocks) >= 4
+    namespace = {}
+    for body in blocks:
+        exec(compile(body, "notebooks-and-trackers.md", "exec"), namespace)
+    assert namespace["cell"].name == "depth=8" and namespace["law"].verdict and namespace["spec"].depth == 8
+
+
 def test_a_running_search_shows_the_records_so_far(tmp_path):
     quickstart(tmp_path / "qs", tmp_path / "node", stop_after=lambda handed: len(handed) >= 12)
     search = blockforge.open_search(tmp_path / "qs")
