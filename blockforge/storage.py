@@ -110,6 +110,13 @@ def _credentials_found(scheme: str) -> bool | None:
     return False
 
 
+# A read that broke off or met a server's passing error (S3's 500/503, a response cut short, a connection reset); a
+# read failing so is tried again, up to READ_TRIES times in all, before it is a failure.
+TRANSIENT_READ = re.compile(r"INTERNAL_FAILURE|SERVICE_UNAVAILABLE|SLOW_DOWN|SlowDown|Failed to flush response stream|Connection reset"
+                            r"|curlCode: (18|52|56)|HTTP status (500|502|503|504)")
+READ_TRIES = 3
+
+
 def storage_failure(err: BaseException, storage: "Storage") -> tuple[str, str]:
     """(why, what to do) for an error of `storage`'s filesystem, in words."""
     text = str(err)
@@ -257,16 +264,31 @@ class Storage:
             reason, advice = storage_failure(err, self)
             raise StorageError(f"{self.uri}: cannot {what} ({reason}); {fix or advice}", reason=reason, fix=fix or advice) from None
 
+    def _read_again_if_cut(self, read: Callable):
+        """read(), repeated (up to READ_TRIES in all) while it fails as a response cut short or a server's passing error:
+        the client retries a request, not a body that broke off midway, and a read is safe to repeat."""
+        for attempt in range(READ_TRIES):
+            try:
+                return read()
+            except OSError as err:
+                if isinstance(err, FileNotFoundError) or attempt == READ_TRIES - 1 or not TRANSIENT_READ.search(str(err)):
+                    raise
+                time.sleep(0.25 * 2 ** attempt)
+
     # ---- reading and writing ------------------------------------------------------------------
 
     def read_bytes(self, rel: str) -> bytes | None:
         """A file's bytes; None if it does not exist."""
-        with self.failing_as(f"read {rel}"):
+
+        def read() -> bytes | None:
             try:
                 with self.fs.open_input_stream(self.path(rel)) as f:
                     return f.read()
             except FileNotFoundError:
                 return None
+
+        with self.failing_as(f"read {rel}"):
+            return self._read_again_if_cut(read)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a whole file (one object: readers see the old one or the new one)."""
@@ -307,10 +329,15 @@ class Storage:
         """Copy a file down, written whole or not at all; its modification time becomes the storage's (to compare later)."""
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with self.failing_as(f"read {rel}"), self.fs.open_input_stream(self.path(rel)) as source, open(tmp, "wb") as target:
+
+        def copy() -> None:
+            with self.fs.open_input_stream(self.path(rel)) as source, open(tmp, "wb") as target:
                 while chunk := source.read(CHUNK):
                     target.write(chunk)
+
+        try:
+            with self.failing_as(f"read {rel}"):
+                self._read_again_if_cut(copy)
             if mtime_ns:
                 os.utime(tmp, ns=(mtime_ns, mtime_ns))
             os.replace(tmp, local)

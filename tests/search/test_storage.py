@@ -228,6 +228,48 @@ def test_missing_credentials_are_one_sentence(tmp_path, capsys, monkeypatch, gua
     assert "no credentials were found" in err and "AWS_ACCESS_KEY_ID" in err and len(err.strip().splitlines()) == 1
 
 
+class _CutShort:
+    """A filesystem whose reads break off `times` times, as a service's response cut short, before they succeed."""
+
+    def __init__(self, fs, times: int, error: str):
+        self.fs, self.times, self.error, self.tries = fs, times, error, 0
+
+    def open_input_stream(self, path):
+        self.tries += 1
+        if self.tries <= self.times:
+            raise OSError(self.error)
+        return self.fs.open_input_stream(path)
+
+
+@pytest.mark.parametrize("times,error,read", [
+    (2, "AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream (eof: 0, bad: 1)", True),
+    (1, "When reading information for key 'x': AWS Error SLOW_DOWN during HeadObject operation: Please reduce your request rate", True),
+    (3, "AWS Error INTERNAL_FAILURE during GetObject operation: We encountered an internal error", False),  # a fourth try: no
+    (1, "AWS Error ACCESS_DENIED during GetObject operation: Access Denied", False),  # not passing: said at once
+])
+def test_a_read_cut_short_is_read_again_and_a_lasting_failure_is_one_sentence(tmp_path, monkeypatch, times, error, read):
+    import blockforge.storage as storage_module
+
+    monkeypatch.setattr(storage_module.time, "sleep", lambda s: None)
+    storage = Storage.open(tmp_path / "s")
+    storage.write_bytes("a.json", b"{}")
+    fs, root = storage._resolved
+    for how in ("read_bytes", "download"):
+        cut = _CutShort(fs, times, error)
+        storage.__dict__["_resolved"] = (cut, root)
+        try:
+            if read:
+                got = storage.read_bytes("a.json") if how == "read_bytes" else storage.download("a.json", tmp_path / "a.json")
+                assert got == b"{}" if how == "read_bytes" else (tmp_path / "a.json").read_bytes() == b"{}"
+                assert cut.tries == times + 1
+            else:
+                with pytest.raises(StorageError, match=r"cannot read a.json \((AWS Error INTERNAL_FAILURE|access was refused)"):
+                    getattr(storage, how)(*(["a.json"] if how == "read_bytes" else ["a.json", tmp_path / "b.json"]))
+                assert cut.tries == min(times, 3) and not (tmp_path / "b.json").exists()
+        finally:
+            storage.__dict__["_resolved"] = (fs, root)
+
+
 def test_a_local_path_and_file_uri_are_the_same_folder(tmp_path):
     assert Storage.open(tmp_path / "x") == Storage.open(f"file://{tmp_path}/x")
     assert Storage.open(tmp_path / "x").local and not Storage.open("s3://b/x").local
