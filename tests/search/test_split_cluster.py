@@ -3,6 +3,7 @@ but `hidden` as the driver does, a private `hidden` that dies with its node, env
 clean stop."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,12 @@ from .split_cluster import SplitCluster
 
 
 def run_check(script: str, tmp_path: Path, timeout: int) -> dict:
-    """Run one of the split-cluster scripts beside this file; its report is the last line it prints (Ray may print above it)."""
+    """Run one of the split-cluster scripts beside this file; its report is the last line it prints (Ray may print above it).
+    It starts an S3 server of its own: the session's endpoint is not passed on (its port is taken while the session's
+    server runs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("BLOCKFORGE_TEST_S3_PORT", "AWS_ENDPOINT_URL")}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(tmp_path)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
