@@ -117,6 +117,18 @@ TRANSIENT_READ = re.compile(r"INTERNAL_FAILURE|SERVICE_UNAVAILABLE|SLOW_DOWN|Slo
 READ_TRIES = 3
 
 
+def _read_again_if_cut(read: Callable):
+    """read(), repeated (up to READ_TRIES in all) while it fails as a response cut short or a server's passing error:
+    the client retries a request, not a body that broke off midway, and a read is safe to repeat."""
+    for attempt in range(READ_TRIES):
+        try:
+            return read()
+        except OSError as err:
+            if isinstance(err, FileNotFoundError) or attempt == READ_TRIES - 1 or not TRANSIENT_READ.search(str(err)):
+                raise
+            time.sleep(0.25 * 2 ** attempt)
+
+
 def storage_failure(err: BaseException, storage: "Storage") -> tuple[str, str]:
     """(why, what to do) for an error of `storage`'s filesystem, in words."""
     text = str(err)
@@ -264,17 +276,6 @@ class Storage:
             reason, advice = storage_failure(err, self)
             raise StorageError(f"{self.uri}: cannot {what} ({reason}); {fix or advice}", reason=reason, fix=fix or advice) from None
 
-    def _read_again_if_cut(self, read: Callable):
-        """read(), repeated (up to READ_TRIES in all) while it fails as a response cut short or a server's passing error:
-        the client retries a request, not a body that broke off midway, and a read is safe to repeat."""
-        for attempt in range(READ_TRIES):
-            try:
-                return read()
-            except OSError as err:
-                if isinstance(err, FileNotFoundError) or attempt == READ_TRIES - 1 or not TRANSIENT_READ.search(str(err)):
-                    raise
-                time.sleep(0.25 * 2 ** attempt)
-
     # ---- reading and writing ------------------------------------------------------------------
 
     def read_bytes(self, rel: str) -> bytes | None:
@@ -288,7 +289,7 @@ class Storage:
                 return None
 
         with self.failing_as(f"read {rel}"):
-            return self._read_again_if_cut(read)
+            return _read_again_if_cut(read)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a whole file (one object: readers see the old one or the new one)."""
@@ -337,7 +338,7 @@ class Storage:
 
         try:
             with self.failing_as(f"read {rel}"):
-                self._read_again_if_cut(copy)
+                _read_again_if_cut(copy)
             if mtime_ns:
                 os.utime(tmp, ns=(mtime_ns, mtime_ns))
             os.replace(tmp, local)

@@ -100,7 +100,7 @@ class _WandB:
         run.summary.update(summary)
         run.finish(exit_code=1 if failed else 0)
 
-    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict) -> None:
+    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None) -> None:
         run = self._init(job_type="answers", name=title)
         run.log({name: self.wandb.Table(columns=columns, data=rows)})
         run.summary.update(summary)
@@ -242,10 +242,7 @@ class Trackers:
     def answers(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict) -> None:
         """A table of answers (a search's, per cell) with a summary, in each tracker."""
         for tracker, backend in list(self.backends.items()):
-            if tracker == "mlflow":
-                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
-            else:
-                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary))
+            self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
 
     def save(self) -> None:
         """Keep what was logged where (tracking.json), for a resume."""

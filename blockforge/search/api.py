@@ -83,6 +83,17 @@ class CellAnswer:
     prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
     outcome: TargetOutcome | None = None  # ... and whether it held
 
+    @classmethod
+    def of(cls, found: "Findings", name: str) -> "CellAnswer":
+        """Cell `name`'s answer in what the reports are written from."""
+        e = found.evidence[name]
+        return cls(name=name, target=name in set(found.plan.target_names()), evidence=e, winner=e.winner, verdict=e.verdict,
+                   vs_pre_ln=e.vs_reference, tied=e.tied_with_winner(), claim=e.claim(), window=found.windows.get(name),
+                   raced_out=dict(found.races.get(name, {})),
+                   promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
+                   lr=found.lr_checks.get(name), length=found.lengths.get(name), rungs=found.rungs.get(name),
+                   front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name))
+
 
 @dataclass(frozen=True)
 class LawAnswer:
@@ -155,19 +166,7 @@ class Search:
 
     @cached_property
     def _answers(self) -> dict[str, CellAnswer]:
-        found = self.findings
-        targets = set(self.plan.target_names())
-        out = {}
-        for name in self.plan.all_names():
-            e = found.evidence[name]
-            promoted = {r.model: r.promoted for r in self.records if r.cell == name and r.promoted}
-            out[name] = CellAnswer(
-                name=name, target=name in targets, evidence=e, winner=e.winner, verdict=e.verdict, vs_pre_ln=e.vs_reference,
-                tied=e.tied_with_winner(), claim=e.claim(), window=found.windows.get(name), raced_out=dict(found.races.get(name, {})),
-                promoted=promoted, lr=found.lr_checks.get(name), length=found.lengths.get(name), rungs=found.rungs.get(name),
-                front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name),
-            )
-        return out
+        return {name: CellAnswer.of(self.findings, name) for name in self.plan.all_names()}
 
     def cell(self, cell: str | None = None) -> CellAnswer:
         """One cell's answer (`cell` in any key order, e.g. "width=64,depth=4"; the only cell's when there is one)."""
@@ -182,8 +181,7 @@ class Search:
         found = self.findings
         from blockforge.search.law import decided_law
 
-        return LawAnswer(found.points, found.law, found.boot, found.boot.verdict if found.boot else found.law.verdict,
-                         decided_law(found.law, found.boot))
+        return LawAnswer(found.points, found.law, found.boot, found.law_verdict, decided_law(found.law, found.boot))
 
     def best(self, cell: str | None = None) -> "ResolvedSpec":
         """The resolved spec of a cell's winner, as best/<cell>.yaml holds it."""

@@ -559,28 +559,58 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
     # One driver per search folder, from before anything is written to the end of the reports (--resume too): an flock on
     # the folder this machine works in, and for a storage a lease in the storage itself (drivers on other machines).
     lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
-    lease = None
+    lease, reachable = None, True
     try:
         if store.remote:
             lease = store.lease = Lease(store.storage, SEARCH_LEASE, "running this search").take()
         remove_leftover_temporaries(search_dir)
-        outcome = _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
-                             overrides=overrides, progress_every_s=progress_every_s)
+        return _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
+                          overrides=overrides, progress_every_s=progress_every_s)
     except StorageError:
-        if lease is not None:
-            lease.release(reachable=False)  # the storage just failed: asking it again only waits for its retries
+        reachable = False  # the storage just failed: asking it again only waits for its retries
         raise
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        raise
-    else:
-        if lease is not None:
-            lease.release()
-        return outcome
     finally:
+        if lease is not None:
+            lease.release(reachable=reachable)
         store.lease = None
         lock.release()
+
+
+def _report(plan: SearchPlan, store: SearchStore, ledger: Ledger, tracking, stopped: bool) -> str:
+    """Write the reports (and put them up), give the trackers the answers and close them; the summary the CLI prints."""
+    from blockforge.search.findings import Findings
+    from blockforge.search.report import write_reports
+
+    store.pull_runs()  # every run's curves and results, as the trials put them up
+    records = ledger.records()
+    found = Findings.of(plan, records)  # one computation for the reports and the trackers' answers
+    summary = write_reports(store.local, plan, ledger, location=str(store), found=found)
+    store.put_reports()
+    if tracking is not None:
+        tracking.finish(records, found, stopped=stopped)
+    return summary
+
+
+def _take_up(path, plan: SearchPlan, store: SearchStore, command: str) -> list:
+    """Ready a search folder for --resume: brought up to the storage, checked against the plan, its ledger repaired, the
+    trials that failed for a cause outside them marked to train again (returned)."""
+    search_dir = store.local
+    store.pull()  # the storage is the truth: the working copy is brought up to it (a local folder is it)
+    started = read_marker(search_dir)
+    if started["fingerprint"] != plan.fingerprint():
+        raise BlockforgeError(f"{path}: the search file (or a --set) changed since {store} was started; resume with "
+                              f"the same ones ({resume_command(started['file'], store.storage, started.get('overrides'))}), or choose another --out")
+    from blockforge.search.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
+
+    repaired = repair_ledger(search_dir, plan.metric, command, plan)
+    if repaired:
+        print(repaired, flush=True)
+    retried = store.attach(Ledger(search_dir / "trials.jsonl")).retry_failed()
+    if retried:  # Tune's saved state holds them as errored: the searcher is rebuilt from the ledger, which trains them again
+        print(f"{len(retried)} trial(s) that failed for a cause outside them (a process, a node or the storage) are trained "
+              "again", flush=True)
+    store.fold()  # the storage's ledger is the working copy's, whole
+    return retried
 
 
 def stored_marker(store: SearchStore) -> dict | None:
@@ -603,21 +633,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
     if store.holds_search() and not resume:
         raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
     if resume:
-        store.pull()  # the storage is the truth: the working copy is brought up to it (a local folder is it)
-        started = read_marker(search_dir)
-        if started["fingerprint"] != plan.fingerprint():
-            raise BlockforgeError(f"{path}: the search file (or a --set) changed since {store} was started; resume with "
-                                  f"the same ones ({resume_command(started['file'], store.storage, started.get('overrides'))}), or choose another --out")
-        from blockforge.search.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
-
-        repaired = repair_ledger(search_dir, plan.metric, command, plan)
-        if repaired:
-            print(repaired, flush=True)
-        retried = store.attach(Ledger(search_dir / "trials.jsonl")).retry_failed()
-        if retried:  # Tune's saved state holds them as errored: the searcher is rebuilt from the ledger, which trains them again
-            print(f"{len(retried)} trial(s) that failed for a cause outside them (a process, a node or the storage) are trained "
-                  "again", flush=True)
-        store.fold()  # the storage's ledger is the working copy's, whole
+        retried = _take_up(path, plan, store, command)
     else:
         retried = []
         store.start_afresh()
@@ -676,17 +692,8 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
                                  f"{interrupts.resume_command}")
             view.update(force=True, journal=False)  # the reports below rebuild every view
-            from blockforge.search.findings import Findings
-            from blockforge.search.report import write_reports
-
-            store.pull_runs()  # every run's curves and results, as the trials put them up
-            records = ledger.records()
-            found = Findings.of(plan, records)  # one computation for the reports and the trackers' answers
-            summary = write_reports(search_dir, plan, ledger, location=str(store), found=found)
-            store.put_reports()
-            if tracking is not None:
-                tracking.finish(records, found, stopped=interrupts.signal is not None)
-                tracking = None
+            summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
+            tracking = None
     finally:
         ProgressView.current = None
         if tracking is not None:  # the search stopped on an error: its tracker runs end as killed

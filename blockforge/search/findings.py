@@ -51,6 +51,11 @@ class Findings:
     races: dict[Cell, dict[str, tuple[Candidate, Difference]]] = field(default_factory=dict)  # model -> (leader, difference): left the race
     lengths: dict[Cell, "LengthCheck | None"] = field(default_factory=dict)  # with confirm.length
 
+    @property
+    def law_verdict(self) -> str:
+        """The sentence the reports give of the alpha law: the bootstrap's where there is one, else the fits'."""
+        return self.boot.verdict if self.boot else self.law.verdict
+
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
         from blockforge.search.law import bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points

@@ -483,7 +483,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     sections = {"table": markdown_table(headers, rows), "claims": claims, "lr": lr_lines, "views": _views_text(plan, plots, search_dir, location, tensorboard),
                 "pareto": pareto_markdown, "transfer": _transfer_markdown(plan, transfer_markdown)}
     atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
-    verdict_line = found.boot.verdict if found.boot else found.law.verdict
+    verdict_line = found.law_verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []

@@ -70,19 +70,19 @@ class SearchTracking:
 
     def finish(self, records: list[TrialRecord], found, stopped: bool = False) -> None:
         """The last update, the answers per cell as a table, then every tracker run closed."""
+        from blockforge.search.api import CellAnswer
         from blockforge.search.evidence import describe
 
         self.update(records)
         if not self.trackers:
             return
         rows = []
-        for cell in self.plan.all_names():
-            e = found.evidence[cell]
-            w, vs = e.winner, e.vs_reference
-            rows.append([cell, describe(w) if w else None, w.post_ln_layers if w else None, w.mean if w else None, w.sd if w else None,
-                         w.n if w else 0, vs.mean if vs else None, vs.low if vs else None, vs.high if vs else None, e.verdict,
-                         "; ".join(describe(c) for c in e.tied_with_winner()), e.claim()])
-        law = (found.boot.verdict if found.boot else found.law.verdict) if self.plan.varies_alpha and found.law else ""
+        for a in (CellAnswer.of(found, cell) for cell in self.plan.all_names()):
+            w, vs = a.winner, a.vs_pre_ln
+            rows.append([a.name, describe(w) if w else None, w.post_ln_layers if w else None, w.mean if w else None, w.sd if w else None,
+                         w.n if w else 0, vs.mean if vs else None, vs.low if vs else None, vs.high if vs else None, a.verdict,
+                         "; ".join(describe(c) for c in a.tied), a.claim])
+        law = found.law_verdict if self.plan.varies_alpha and found.law else ""
         summary = {"trials": len(records), **({"alpha_law": law} if law else {}), **({"stopped": True} if stopped else {})}
         self.trackers.answers("answers", f"{self.plan.name} answers", ANSWER_COLUMNS, rows, summary)
         self.trackers.close(finished=not stopped)
