@@ -27,6 +27,40 @@ Cell = str  # a proxy cell's name, e.g. "depth=8"
 Target = str  # a transfer target's name
 
 
+@dataclass(frozen=True)
+class CellAnswer:
+    """What a search found in one cell (or transfer target), as the reports state it."""
+
+    name: str  # the cell's name, e.g. "depth=8" ("depth=8,width=256" with two keys)
+    target: bool  # a transfer target (the answers tested at a larger size or a longer training)
+    evidence: CellEvidence  # every candidate that reached the full budget: mean, sd, n over seeds, best mean first
+    winner: Candidate | None  # the best mean among the candidates with the confirmation's seeds
+    verdict: str  # the winner against Pre-LN: better | tied | worse | n/a | Pre-LN (the winner is Pre-LN)
+    vs_pre_ln: Difference | None  # the winner minus the Pre-LN reference, paired over shared seeds, with its 95% interval
+    tied: list[Candidate]  # finalists whose paired interval against the winner includes zero
+    claim: str  # the sentence summary.md writes
+    window: LawWindow | None = None  # guidance: the Post-LN counts the laws predicted for it
+    raced_out: dict[str, tuple[Candidate, Difference]] = field(default_factory=dict)  # racing: model -> (leader, difference)
+    promoted: dict[str, str] = field(default_factory=dict)  # promotion: model -> why it was brought back
+    lr: LrCheck | None = None  # confirm.lr: each finalist's best learning rate and the verdict there
+    length: LengthCheck | None = None  # confirm.length: the verdict at each longer length
+    rungs: CellRungs | None = None  # early stopping against the full-budget curves (with a scheduler)
+    front: Front | None = None  # with a cost axis: quality against cost
+    prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
+    outcome: TargetOutcome | None = None  # ... and whether it held
+
+    @classmethod
+    def of(cls, found: "Findings", name: str) -> "CellAnswer":
+        """Cell `name`'s answer in what the reports are written from."""
+        e = found.evidence[name]
+        return cls(name=name, target=name in set(found.plan.target_names()), evidence=e, winner=e.winner, verdict=e.verdict,
+                   vs_pre_ln=e.vs_reference, tied=e.tied_with_winner(), claim=e.claim(), window=found.windows.get(name),
+                   raced_out=dict(found.races.get(name, {})),
+                   promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
+                   lr=found.lr_checks.get(name), length=found.lengths.get(name), rungs=found.rungs.get(name),
+                   front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name))
+
+
 @dataclass
 class Findings:
     """Each field is one kind of finding, by the cell (or transfer target) it is about; a search without the stage or

@@ -70,7 +70,7 @@ class SearchTracking:
 
     def finish(self, records: list[TrialRecord], found, stopped: bool = False) -> None:
         """The last update, the answers per cell as a table, then every tracker run closed."""
-        from blockforge.search.api import CellAnswer
+        from blockforge.search.findings import CellAnswer
         from blockforge.search.evidence import describe
 
         self.update(records)
