@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from blockforge.search.findings import Findings
     from blockforge.search.law import BootstrapReport, LawFit, LawReport
+    from blockforge.search.stability_law import StabilityLaw
     from blockforge.search.store import SearchStore
     from blockforge.spec.model import ResolvedSpec
 
@@ -64,6 +65,7 @@ class LawAnswer:
     bootstrap: BootstrapReport | None  # the laws refitted over seed resamples (None: fewer than two cells with replicates)
     verdict: str  # the sentence summary.md writes
     decided: LawFit | None  # the law the verdict names; None where the data cannot decide
+    stability: "StabilityLaw | None" = None  # confirm.stability: the largest stable lr across cells, per kind, and its predictions
 
 
 class Search:
@@ -141,7 +143,7 @@ class Search:
         found = self.findings
         from blockforge.search.law import decided_law
 
-        return LawAnswer(found.points, found.law, found.boot, found.law_verdict, decided_law(found.law, found.boot))
+        return LawAnswer(found.points, found.law, found.boot, found.law_verdict, decided_law(found.law, found.boot), found.stability_law)
 
     def best(self, cell: str | None = None) -> "ResolvedSpec":
         """The resolved spec of a cell's winner, as best/<cell>.yaml holds it."""

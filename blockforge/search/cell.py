@@ -270,8 +270,9 @@ class Cell:
         if status == Status.FAILED:  # its own reason (said in a sentence), or a cause outside it, which a resume trains again
             failure = {"note": result[FAILURE], "retry": False} if FAILURE in result else {
                 "note": "its process or node was lost, or it raised: see its error file under tune/", "retry": True}
+        unstable = result.get("unstable") if isinstance(result.get("unstable"), str) else ""  # train/stability.py's reason, if any
         record = self.record(trial, status, value=result.get(plan.metric) if status != Status.DIVERGED else None,
-                             steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0), **failure)
+                             steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0), unstable=unstable, **failure)
         outcome = Outcome(status, value, trial.number, record, trial)
         stage = self.stage_of(trial)
         stage.on_complete(self.given_to(stage), trial, outcome)

@@ -640,6 +640,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         keep_checkpoints=spec.keep_checkpoints, tracking=load.tracking(),
     )
     _check_length(spec, plan, fail)
+    _check_stability(spec, plan, load, fail)
     if spec.guide is not None:
         plan.guide = spec.guide
         plan.order = _guide_order(plan, spec, fail)
@@ -822,6 +823,31 @@ def _check_length(spec: SearchFile, plan: SearchPlan, fail) -> None:
                 what, where = f"cell {name} continued to {factor:g}x its steps", "confirm.length.factors"
             raise fail(f"{what} trains {factor * recipe.train.steps:,.0f} steps, about {tokens:.3g} tokens: more than {MAX_EPOCHS} passes over "
                        f"its {available:,} bytes of training data; train fewer steps or give more data", where)
+
+
+def _check_stability(spec: SearchFile, plan: SearchPlan, load: "_Loader", fail) -> None:
+    """confirm.stability against each cell: lr_max above the cell's learning rate, a probe no longer than a trial, and every
+    size it predicts at a recipe that builds."""
+    check = spec.confirm.stability if spec.confirm else None
+    if check is None:
+        return
+    for name in plan.cell_names():
+        where = f" (cell {name})" if len(plan.cell_names()) > 1 else ""
+        shared = plan.shared_lr(name)
+        if not check.lr_max > shared:
+            raise fail(f"{check.lr_max:g} is not above the search's learning rate {shared:g}{where}; probes go from there up to "
+                       "lr_max: give a larger one, e.g. 30 times it", "confirm.stability.lr_max")
+        if check.steps is not None and check.steps > plan.settings[name].steps:
+            raise fail(f"{check.steps} is above the {plan.settings[name].steps} steps of a trial{where}; a probe is at most as "
+                       "long as the search's trials", "confirm.stability.steps")
+    for i, size in enumerate(check.predict):
+        where = f"confirm.stability.predict[{i}]"
+        for key in size:
+            load.checked(key, f"{where}.{key}")
+        try:
+            plan.recipe(plan.overrides + list(size.items()))
+        except SpecError as err:
+            raise fail(f"builds no model: {err.path + ': ' if err.path else ''}{err.message}", where) from None
 
 
 def _data_bytes(recipe: Recipe) -> int | None:

@@ -197,6 +197,8 @@ class ProgressView:
                  *((Status.INFEASIBLE,) if self.plan.constraints else ()))
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
         counts["replicates"] = sum(r.stage == StageName.CONFIRM and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
+        if self.plan.confirm is not None and getattr(self.plan.confirm, "stability", None) is not None:
+            counts["stability probes"] = sum(r.stage == StageName.STABILITY and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}

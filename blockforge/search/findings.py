@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from blockforge.search.pareto import Front
     from blockforge.search.plan import CellPlan
     from blockforge.search.rungs import CellRungs
+    from blockforge.search.stability_check import StabilityCheck
+    from blockforge.search.stability_law import StabilityLaw
     from blockforge.search.transfer import Prediction, TargetOutcome
 
 Cell = str  # a proxy cell's name, e.g. "depth=8"
@@ -44,6 +46,7 @@ class CellAnswer:
     promoted: dict[str, str] = field(default_factory=dict)  # promotion: model -> why it was brought back
     lr: LrCheck | None = None  # confirm.lr: each finalist's best learning rate and the verdict there
     length: LengthCheck | None = None  # confirm.length: the verdict at each longer length
+    stability: StabilityCheck | None = None  # confirm.stability: each probed candidate's largest stable lr, and the answer weighing it
     rungs: CellRungs | None = None  # early stopping against the full-budget curves (with a scheduler)
     front: Front | None = None  # with a cost axis: quality against cost
     prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
@@ -57,7 +60,7 @@ class CellAnswer:
                    vs_pre_ln=e.vs_reference, tied=e.tied_with_winner(), claim=e.claim(), window=found.windows.get(name),
                    raced_out=dict(found.races.get(name, {})),
                    promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
-                   lr=found.lr_checks.get(name), length=found.lengths.get(name), rungs=found.rungs.get(name),
+                   lr=found.lr_checks.get(name), length=found.lengths.get(name), stability=found.stability.get(name), rungs=found.rungs.get(name),
                    front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name))
 
 
@@ -84,6 +87,8 @@ class Findings:
     windows: dict[Cell, "LawWindow | None"] = field(default_factory=dict)  # guided cells, from the cells before each
     races: dict[Cell, dict[str, tuple[Candidate, Difference]]] = field(default_factory=dict)  # model -> (leader, difference): left the race
     lengths: dict[Cell, "LengthCheck | None"] = field(default_factory=dict)  # with confirm.length
+    stability: dict[Cell, "StabilityCheck | None"] = field(default_factory=dict)  # with confirm.stability
+    stability_law: "StabilityLaw | None" = None  # with confirm.stability: the largest stable lr across cells, and its predictions
 
     @property
     def law_verdict(self) -> str:
@@ -134,6 +139,12 @@ class Findings:
                 from blockforge.search.length_check import length_check
 
                 found.lengths = {cell: length_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
+            if plan.confirm.stability is not None:
+                from blockforge.search.stability_check import stability_check
+                from blockforge.search.stability_law import stability_law
+
+                found.stability = {cell: stability_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
+                found.stability_law = stability_law(plan, found.stability, evidence)
         found.cell_plans = {c.cell: c for c in search_plan(plan)}
         found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
         return found

@@ -29,7 +29,7 @@ COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers"
 
 class StageName(str, Enum):
     """The one stage vocabulary: ledger records, the searcher's stages, compute plans and reports. A trial record's
-    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr, length or transfer."""
+    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr, length, stability or transfer."""
 
     EXPLORE = "explore"
     CONFIRM = "confirm"
@@ -38,6 +38,7 @@ class StageName(str, Enum):
     TRANSFER = "transfer"
     LR = "lr"  # a finalist or the Pre-LN reference at another learning rate (confirm.lr)
     LENGTH = "length"  # the cell's pair continued to a longer training (confirm.length)
+    STABILITY = "stability"  # a probe of a candidate's largest stable learning rate (confirm.stability)
 
     def __str__(self) -> str:
         return self.value
@@ -50,7 +51,7 @@ class StageName(str, Enum):
 
 # Stages whose trials check an answer at other settings (another learning rate, a longer training): their records stay out
 # of the cell's main evidence, its rung tables and curves, and the samplers' studies.
-APART = frozenset({StageName.LR, StageName.LENGTH})
+APART = frozenset({StageName.LR, StageName.LENGTH, StageName.STABILITY})
 
 
 @dataclass
@@ -77,6 +78,7 @@ class TrialRecord:
     note: str = ""
     promoted: str = ""  # why a pruned model was brought back to the full budget (empty: it was not); a finalist from then on
     retry: bool = False  # failed for a cause outside the trial (its process, node or storage): a resume trains it again
+    unstable: str = ""  # a finished run: why it is unstable by train/stability.py's rule ('' when stable, or not judged)
     seq: int = 0  # the ledger's line number when written (0: a ledger from before it), so two copies merge in order
 
 
@@ -87,7 +89,7 @@ LEGACY_PROMOTED = "promoted:"  # ledgers written before `promoted` was a field k
 # What a record's fields must hold to be one (a line of any other JSON, or a field of another type, is not a record).
 _KINDS = {"cell": str, "trial": int, "status": str, "stage": str, "seed": int, "model": str, "identity": str, "overrides": dict,
           "steps": int, "metric": str, "metrics": dict, "costs": dict, "run_dir": str, "note": str, "promoted": str, "seq": int,
-          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None)), "retry": bool}
+          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None)), "retry": bool, "unstable": str}
 
 
 def parse_record(line: str) -> TrialRecord | None:

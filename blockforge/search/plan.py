@@ -107,6 +107,8 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
     if plan.confirm is not None and plan.confirm.length is not None:
         lines.append(f"length: the check's continuations counted in trials of the cell's own length (to {max(plan.confirm.length.factors):g}x the "
                      "steps, each length continuing from the one before).")
+    if plan.confirm is not None and getattr(plan.confirm, "stability", None) is not None:
+        lines.append(stability_line(plan))
     if gpu is not None:
         if gpu not in GPU_PEAKS:
             raise BlockforgeError(f"--gpu {gpu}: unknown; choose one of {', '.join(GPU_PEAKS)} (dense bf16 peaks from their datasheets)")
@@ -156,6 +158,19 @@ def storage_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
     kept = (f"each trial's {plan.keep_checkpoints} newest checkpoints with optimizer state (keep_checkpoints)" if getattr(plan, "keep_checkpoints", None)
             else "each trial's final weights; a checkpoint with optimizer state only while a later stage may continue its run")
     return [f"storage: at most {_size(at_most)} while it runs, {_size(end)} at the end ({kept}; runs' logs and the prepared data aside)"]
+
+
+def stability_line(plan: SearchPlan) -> str:
+    """What the stability column counts."""
+    from blockforge.search.stability_check import grid, probe_steps, warmups
+
+    cell = plan.cell_names()[0]
+    levels = grid(plan, cell).levels
+    steps = probe_steps(plan, cell)
+    length = f"{steps} steps" if steps != plan.settings[cell].steps else "the cell's own length"
+    return (f"stability: each finalist, baseline and the Pre-LN reference, per seed of the confirmation and per warm-up "
+            f"({len(warmups(plan))}), probed at up to {2 + levels} learning rates up to {plan.confirm.stability.lr_max:g} "
+            f"(probes of {length}), counted in trials of the cell's own length.")
 
 
 def _size(n: float) -> str:

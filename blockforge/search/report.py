@@ -34,14 +34,18 @@ def other_keys(plan: SearchPlan) -> list[str]:
     return [d.key for d in plan.dimensions if d.key != MIX_LN_ALPHA]
 
 
-def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence]) -> tuple[list[str], list[list]]:
-    """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN."""
+def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], found: Findings | None = None) -> tuple[list[str], list[list]]:
+    """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN
+    (with confirm.stability and `found`: its stability against Pre-LN's too)."""
+    from blockforge.search.stability_report import stability_column
+
+    stability = ["stability vs Pre-LN"] if found is not None and plan.confirm is not None and plan.confirm.stability is not None else []
     extra = other_keys(plan)
     infeasible = ["infeasible"] if plan.constraints else []
     alpha = ["best alpha range", "post-LN layers"] if plan.varies_alpha else []
     pre_ln = ["Pre-LN mean ± sd (n)", "vs Pre-LN [95% CI]", "verdict"] if plan.against_pre_ln else []
     headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", *infeasible, *alpha,
-               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", *pre_ln, "runner-up gap [95% CI]"]
+               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", *pre_ln, *stability, "runner-up gap [95% CI]"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
@@ -56,6 +60,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
             w.spread() if w else "-",
             *([e.reference.spread() if e.reference else "-", e.vs_reference.text() if e.vs_reference and e.verdict != "Pre-LN" else "-",
                e.verdict] if pre_ln else []),
+            *([stability_column(found, cell)] if stability else []),
             e.vs_runner_up.text() if e.vs_runner_up else "-",
         ])
     return headers, rows
@@ -454,6 +459,9 @@ def basis_section(found: Findings) -> list[str]:
                                       if check else "not trained yet")
         else:
             text += "; lr check: none (confirm.lr trains the finalists over a grid)"
+        if plan.confirm is not None and plan.confirm.stability is not None:
+            stability = found.stability.get(cell)
+            text += "; stability check: " + (f"{stability.answer}, {stability.probe_text()}" if stability else "not trained yet")
         lines.append(text + ".")
     return lines
 
@@ -476,7 +484,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     tensorboard = _write_data(search_dir, plan, records, found, transfer_data)
     plots = _write_plots(search_dir, plan, records, found)
     evidence = found.evidence
-    headers, rows = cell_rows(plan, records, evidence)
+    headers, rows = cell_rows(plan, records, evidence, found)
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
     pareto_markdown, pareto_lines = _pareto_markdown(plan, found)
@@ -487,7 +495,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + advice) + ("\n\n" + verdict_line if plan.varies_alpha else "")
+    from blockforge.search.stability_report import stability_lines
+
+    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + stability_lines(found) + advice)
+            + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
 
 
@@ -509,6 +520,10 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
                                                                for i, p in enumerate(front.points)] for cell, front in found.fronts.items()})
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
+    if plan.confirm is not None and plan.confirm.stability is not None:
+        from blockforge.search.stability_report import stability_data
+
+        atomic_write_json(search_dir / "stability.json", stability_data(found))
     return tensorboard
 
 
@@ -523,6 +538,7 @@ def _write_plots(search_dir: Path, plan: SearchPlan, records: list, found: Findi
         "lr_check.png": (bool(lr_checks), lambda path: plot_lr_checks(plan, lr_checks, path)),
         "transfer_curves.png": (bool(plan.targets) and any(evidence[t].candidates for t in plan.target_names()),
                                 lambda path: plot_target_curves(plan, evidence, found.gaps, path)),
+        "stability_vs_depth.png": (any(check is not None for check in found.stability.values()), lambda path: _plot_stability(found, path)),
     }
     drawn = []
     for name, (wanted, draw) in plots.items():
@@ -530,6 +546,12 @@ def _write_plots(search_dir: Path, plan: SearchPlan, records: list, found: Findi
             draw(search_dir / name)
             drawn.append(name)
     return drawn
+
+
+def _plot_stability(found: Findings, path: Path) -> None:
+    from blockforge.search.stability_report import plot_stability
+
+    plot_stability(found, path)
 
 
 def _pareto_markdown(plan: SearchPlan, found: Findings) -> tuple[str, list[str]]:
@@ -565,6 +587,7 @@ def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: 
 def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:
     """summary.md: the objective and method, the table and claims, then a section per kind of evidence."""
     from blockforge.search.checks_report import checks_markdown
+    from blockforge.search.stability_report import stability_markdown
     from blockforge.search.stages.confirm import describe_confirmation
     from blockforge.search.stages.promote import PROMOTION_RULE
 
@@ -598,6 +621,7 @@ What each answer rests on:
 
 {early_stopping_section(found)}
 {checks_markdown(found)}
+{stability_markdown(found)}
 {sections["pareto"]}{sections["transfer"]}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blockforge.train.events import Status
+from blockforge.train.stability import Stability
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class RunEnd:
     step: int
     metrics: dict[str, float]
     value: float | None  # the objective metric at the last evaluation (None: diverged)
+    stability: Stability | None = None  # how stable it was, as result.json says (None: a run from before the rule)
 
 
 def metric_lines(run_dir: str | Path) -> list[dict]:
@@ -83,7 +85,7 @@ def run_end(run_dir: str | Path, metric: str) -> RunEnd | None:
     logged = last_evaluation(run_dir, result["step"]) if result["status"] == Status.COMPLETED else None
     metrics = {**copied, **(logged or {})}
     value = metrics.get(metric) if result["status"] == Status.COMPLETED else None
-    return RunEnd(result["status"], result["step"], metrics, value)
+    return RunEnd(result["status"], result["step"], metrics, value, Stability.of_record(result.get("stability")))
 
 
 def finished_without_result(run_dir: str | Path, metric: str) -> RunEnd | None:

@@ -18,6 +18,7 @@ from blockforge.tracking import STATE_FILE, Trackers
 from blockforge.train.events import Status
 
 ANSWER_COLUMNS = ["cell", "winner", "post_ln_layers", "mean", "sd", "n", "vs_pre_ln", "low", "high", "verdict", "tied_with", "claim"]
+STABILITY_COLUMNS = ["largest_stable_lr", "stable_lr_vs_pre_ln", "stability", "answer"]  # with confirm.stability: the winner's
 
 
 def trial_config(plan: SearchPlan, record: TrialRecord) -> dict:
@@ -76,13 +77,23 @@ class SearchTracking:
         self.update(records)
         if not self.trackers:
             return
+        stability = self.plan.confirm is not None and self.plan.confirm.stability is not None
         rows = []
         for a in (CellAnswer.of(found, cell) for cell in self.plan.all_names()):
             w, vs = a.winner, a.vs_pre_ln
             rows.append([a.name, describe(w) if w else None, w.post_ln_layers if w else None, w.mean if w else None, w.sd if w else None,
                          w.n if w else 0, vs.mean if vs else None, vs.low if vs else None, vs.high if vs else None, a.verdict,
-                         "; ".join(describe(c) for c in a.tied), a.claim])
+                         "; ".join(describe(c) for c in a.tied), a.claim, *(_stability_cells(a) if stability else [])])
         law = found.law_verdict if self.plan.varies_alpha and found.law else ""
         summary = {"trials": len(records), **({"alpha_law": law} if law else {}), **({"stopped": True} if stopped else {})}
-        self.trackers.answers("answers", f"{self.plan.name} answers", ANSWER_COLUMNS, rows, summary)
+        self.trackers.answers("answers", f"{self.plan.name} answers", ANSWER_COLUMNS + (STABILITY_COLUMNS if stability else []), rows, summary)
         self.trackers.close(finished=not stopped)
+
+
+def _stability_cells(answer) -> list:
+    """The winner's largest stable learning rate, its ratio to Pre-LN's, its stability verdict and the cell's answer."""
+    check = answer.stability
+    mine = check.of(answer.winner.model) if check is not None and answer.winner is not None else None
+    if mine is None:
+        return [None, None, None, check.answer if check is not None else None]
+    return [mine.largest, mine.vs_pre_ln.mean if mine.vs_pre_ln else None, mine.verdict, check.answer]

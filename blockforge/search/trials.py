@@ -177,7 +177,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
         if end is not None:  # finished before the driver was restarted: report what its own log says, do not retrain
             diverged = end.status == Status.DIVERGED
             value = plan.penalty if diverged or end.value is None else end.value
-            tune.report({OBJECTIVE: value, "step": end.step, "diverged": diverged, **end.metrics, **costs})
+            tune.report({OBJECTIVE: value, "step": end.step, "diverged": diverged, **end.metrics, **costs, **stability_result(end.stability)})
             return
         if damaged_result(run_dir):  # cut short or edited: the run goes on from its newest checkpoint, which decides
             (run_dir / "result.json").unlink()
@@ -197,13 +197,25 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
                     keep_final_weights(run_dir)  # nothing will continue it: its final weights, without optimizer state
                 push()  # the storage holds what Tune is told (a stop may come inside report, and nothing after it runs)
                 reported = True
-                tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs})
+                ended = stability_result(trainer.result.stability) if event.done and trainer.result is not None else {}
+                tune.report({OBJECTIVE: value, "step": event.step, "diverged": event.diverged, **metrics, **costs, **ended})
             last = last_evaluation(run_dir, trainer.state["step"]) if not reported else None
             if last is not None and plan.metric in last:  # its newest checkpoint was its last step (its result file was lost)
                 push()
                 tune.report({OBJECTIVE: last[plan.metric], "step": trainer.state["step"], "diverged": False, **last, **costs})
     if mirror is not None:  # ended (not stopped inside report): the storage holds the run, this node need not
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+UNSTABLE = "unstable"  # a result key: why the finished run is unstable ('' when stable; train/stability.py)
+
+
+def stability_result(stability) -> dict:
+    """What a finished trial reports of its stability (train/stability.Stability): the reason it is unstable, its spikes and
+    the largest rise of its loss level (the two numbers as train_ metrics, which its record keeps)."""
+    if stability is None:
+        return {}
+    return {UNSTABLE: stability.unstable, "train_spikes": stability.spikes, "train_rise": stability.rise}
 
 
 def start_from(storage: Storage, source: str, run_dir: Path) -> None:

@@ -195,6 +195,42 @@ class LengthCheck:
             raise SpecError(f"must rise, each factor once, e.g. [2, 4]; not {list(self.factors)}", path=f"{path}.factors")
 
 
+@dataclass(kw_only=True)
+class StabilityCheck:
+    """Each finalist's largest stable learning rate (the baselines' and the Pre-LN reference's too), found by bisection in
+    log space between the search's learning rate and `lr_max` with the confirmation's seeds, until the largest stable and
+    the smallest unstable learning rate are within a factor `resolution`; each probe trains `steps` steps (default: the
+    cell's own) with the candidate's own schedule, once per warm-up fraction in `warmup` (default: the recipe's own).
+    `predict` names sizes (recipe keys, e.g. {model.depth: 48}) the stability law says the recipe's learning rate is, or is
+    not, stable at. train/stability.py says what an unstable run is."""
+
+    lr_max: float = field(metadata={"help": "the highest learning rate probed, above the search's, e.g. 0.1"})
+    resolution: float = 1.25
+    steps: int | None = None
+    warmup: list[float] | None = None
+    predict: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self, path: str) -> None:
+        if not (math.isfinite(self.lr_max) and self.lr_max > 0):
+            raise SpecError(f"must be a finite learning rate above 0, not {self.lr_max}", path=f"{path}.lr_max")
+        if not (math.isfinite(self.resolution) and 1 < self.resolution <= 4):
+            raise SpecError(f"is the factor the largest stable learning rate is found within, above 1 and at most 4 (e.g. 1.25), "
+                            f"not {self.resolution}", path=f"{path}.resolution")
+        if self.steps is not None and self.steps < 1:
+            raise SpecError(f"must be at least 1 (a probe's steps, at most the cell's own), not {self.steps}", path=f"{path}.steps")
+        if self.warmup is not None:
+            if not self.warmup:
+                raise SpecError("lists no warm-up fraction; give e.g. [0.0, 0.1], or leave it out for the recipe's own", path=f"{path}.warmup")
+            for i, fraction in enumerate(self.warmup):
+                if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+                    raise SpecError(f"is a fraction of a probe's steps in [0, 1), not {fraction!r}", path=f"{path}.warmup[{i}]")
+            if len(set(self.warmup)) != len(self.warmup):
+                raise SpecError("lists a warm-up fraction twice", path=f"{path}.warmup")
+        for i, size in enumerate(self.predict):
+            if not isinstance(size, dict) or not size:
+                raise SpecError("must be a mapping of recipe keys to values, e.g. {model.depth: 48, model.width: 256}", path=f"{path}.predict[{i}]")
+
+
 GUIDE_AFTER_MIN = 2  # why: see Guide
 
 
@@ -233,6 +269,7 @@ class Confirm:
     max_seeds: int | None = None
     lr: LrGrid | None = None
     length: LengthCheck | None = None
+    stability: StabilityCheck | None = None
 
     def check(self, path: str) -> None:
         if self.top < 1:
@@ -307,6 +344,9 @@ class SearchFile:
         if self.confirm.lr is not None and varied(LR_KEY):
             raise SpecError(f"trains the finalists over its own learning-rate grid, and {LR_KEY} varies here already ({varied(LR_KEY)}); "
                             "drop one of them", path="confirm.lr")
+        if self.confirm.stability is not None and varied(LR_KEY):
+            raise SpecError(f"probes each finalist's learning rate up to lr_max itself, and {LR_KEY} varies here already ({varied(LR_KEY)}); "
+                            "drop one of them", path="confirm.stability")
         if varied(SEED_KEY):
             raise SpecError(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm",
                             path=f"{varied(SEED_KEY)}.{SEED_KEY}")

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blockforge.train.stability import Stability
 
 
 class Status(str, Enum):
@@ -54,3 +58,4 @@ class TrainResult:
     message: str = ""
     run_dir: Path | None = None
     signal: int | None = None  # the signal that interrupted the run (status interrupted)
+    stability: "Stability | None" = None  # a run that completed or diverged: how stable it was (train/stability.py)

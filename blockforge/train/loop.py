@@ -47,6 +47,7 @@ from blockforge.train.progress import Progress
 from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device
 from blockforge.train.signals import StopRequest
+from blockforge.train.stability import Monitor, baseline_loss
 from blockforge.train.task import evaluate, layer_grad_norms
 from blockforge.tracking import flat
 
@@ -158,7 +159,7 @@ class Trainer:
         self.data = dataset_for(self.recipe, run_dir=self.run_dir if self.world.is_main else None)
         self.pad_id = getattr(self.data, "pad_id", None)
         self.model = build_model(self.spec, device=device, seed=cfg.seed)
-        self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}}
+        self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}, "stability": {}}
         checkpoint = None
         if resume:  # the newest intact checkpoint; full weights go in before any sharding
             checkpoint = resume_checkpoint(self.run_dir, self.model, self.spec, say=warn if self.world.is_main else lambda line: None)
@@ -170,6 +171,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.spec, cfg, device)
         if checkpoint is not None:
             self.state.update(restore_training_state(checkpoint, self.model, self.optimizer, sharded=self.sharded))
+        if not isinstance(self.state.get("stability"), dict):
+            self.state["stability"] = {}  # a checkpoint from before the monitor: it watches from here
+        self.stability = Monitor(cfg.warmup_steps, self.state["stability"])  # every step's loss, in order (train/stability.py)
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
         self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main, tracking=self.recipe.tracking,
                           config=flat({"model": to_plain(self.recipe.model), "train": to_plain(self.recipe.train), "data": to_plain(self.recipe.data)}))
@@ -251,6 +255,7 @@ class Trainer:
             if self.state["first_loss"] is None:
                 self.state["first_loss"] = info.loss
             self.last_loss = info.loss
+            self.stability.update(info.step, info.loss)
             for callback in self.callbacks:
                 callback(self, info)
             problem = divergence(self.recipe, info.step, info.loss, self.state["first_loss"])
@@ -270,10 +275,16 @@ class Trainer:
         return folder
 
     def _finish(self, result: TrainResult) -> TrainResult:
+        if result.status in (Status.COMPLETED, Status.DIVERGED):  # how stable it was (train/stability.py), said where the run ends
+            classes = self.recipe.model.classes if self.family.data_kind == "image" else None
+            result.stability = self.stability.judge(diverged=result.message if result.status == Status.DIVERGED else None,
+                                                    final_loss=(result.metrics or {}).get("val_loss"), baseline=baseline_loss(self.data_info, classes))
         if self.world.is_main:
+            if result.stability is not None:
+                self.log.write({"step": result.step, "event": "stability", **result.stability.record()})
             atomic_write_json(self.run_dir / "result.json", {
                 "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
-                "elapsed": self.state["elapsed"],
+                "elapsed": self.state["elapsed"], **({"stability": result.stability.record()} if result.stability else {}),
             })
             self.log.close({"status": str(result.status), "step": result.step, **result.metrics},
                            failed=result.status in (Status.FAILED, Status.INTERRUPTED))

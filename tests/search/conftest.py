@@ -52,9 +52,10 @@ def ray_session(blockforge_cache):
     ray.shutdown()
 
 
-def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_prefix: str = "t") -> list[dict]:
+def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_prefix: str = "t", extra=None) -> list[dict]:
     """Run a CellSearcher the way Tune does, without Ray or training: every trial it hands out finishes at once
-    at its cell's full budget with `value_of(config)`. Returns the configs of the trials it handed out."""
+    at its cell's full budget with `value_of(config)` (and what `extra(config)` adds to its result, e.g. how stable it
+    was). Returns the configs of the trials it handed out."""
     from ray.tune.search import Searcher
 
     from blockforge.search.config import OBJECTIVE
@@ -76,7 +77,7 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
         handed.append(config)
         steps = searcher.live[trial_id].steps
         value = value_of(config)
-        searcher.on_trial_complete(trial_id, {OBJECTIVE: value, "val_loss": value, "step": steps})
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value, "val_loss": value, "step": steps, **(extra(config) if extra else {})})
     return handed
 
 

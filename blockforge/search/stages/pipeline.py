@@ -2,7 +2,8 @@
 
 A proxy cell explores, then (with `confirm`) confirms its finalists, or its explored front with a cost axis;
 with a scheduler it promotes pruned trials that could have ended ahead; with `confirm.max_seeds` it races its
-leaders; with `confirm.lr` it trains its finalists over a learning-rate grid. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
+leaders; with `confirm.lr` it trains its finalists over a learning-rate grid; with `confirm.length` it continues its pair to longer
+training; with `confirm.stability` it finds each finalist's largest stable learning rate. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
 order for more work (cell.Cell.ready), so promotion comes before each further round of racing.
 
 A new stage is a new file with a Stage subclass and one line in PROXY_STAGES (or TARGET_STAGES).
@@ -20,6 +21,7 @@ from blockforge.search.stages.guidance import GuidedExplore
 from blockforge.search.stages.length import Length
 from blockforge.search.stages.lr import LrSweep
 from blockforge.search.stages.promote import Promote
+from blockforge.search.stages.stability import Stability
 from blockforge.search.stages.transfer import Transfer
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ PROXY_STAGES: list[tuple[type[Stage], When]] = [
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
     (LrSweep, lambda plan, name: plan.confirm is not None and plan.confirm.lr is not None),
     (Length, lambda plan, name: plan.confirm is not None and plan.confirm.length is not None),
+    (Stability, lambda plan, name: plan.confirm is not None and plan.confirm.stability is not None),
 ]
 TARGET_STAGES: list[tuple[type[Stage], When]] = [
     (Transfer, lambda plan, name: True),
