@@ -4,6 +4,7 @@ summary.md, open_search and the trackers' table say them; and every bad setting 
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +235,44 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
     check = search.cell().stability
     assert check is not None and check.finished and {c.name for c in check.candidates} == {"Pre-LN", "1 Post-LN layer"}
     assert check.answer and "stability" in (out / "summary.md").read_text().lower()
+
+
+def test_summary_the_python_view_and_the_trackers_table_say_the_same(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import blockforge
+    from blockforge.io import atomic_write_json
+    from blockforge.search.config import MARKER, folder_marker
+    from blockforge.search.store import SearchStore
+    from blockforge.search.tracked import ANSWER_COLUMNS, STABILITY_COLUMNS, SearchTracking
+    from blockforge.storage import Storage
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    plan = stability_search(tmp_path, warmup=[0.1, 0.0])
+    plan.tracking.report_to = ["mlflow"]
+    folder = tmp_path / "s"
+    drive(CellSearcher(plan, str(folder)), value, extra=stand_in, limit=3000)
+    atomic_write_json(folder / MARKER, folder_marker(plan, None))
+    records = Ledger(folder / "trials.jsonl").records()
+    found = Findings.of(plan, records)
+    write_reports(folder, plan, Ledger(folder / "trials.jsonl"), found=found)
+    SearchTracking(plan, SearchStore(Storage.open(folder))).finish(records, found)
+
+    view = blockforge.open_search(folder)
+    summary = (folder / "summary.md").read_text()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    parent = next(r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id]) if r.info.run_name == "tiny")
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "answers.json", str(tmp_path / "dl"))).read_text())
+    assert table["columns"] == ANSWER_COLUMNS + STABILITY_COLUMNS
+    for row in table["data"]:
+        cell = row[0]
+        answer = view.cell(cell).stability
+        assert answer.answer == found.stability[cell].answer == row[table["columns"].index("answer")]
+        assert f"### {cell}\n\n**{answer.answer}.**" in summary
+        winner = answer.of(view.cell(cell).winner.model)
+        assert row[table["columns"].index("stability")] == winner.verdict
+        assert row[table["columns"].index("largest_stable_lr")] == pytest.approx(winner.largest)
+    law = view.law().stability
+    assert law is not None and {f.kind for f in law.fits} == {"Pre-LN", "Mix-LN alpha 0.25", "winner"}
