@@ -50,5 +50,9 @@ def run(args: argparse.Namespace) -> int:
     unigram = trainer.data_info.get("unigram_val_ppl")
     if unigram is not None and "val_ppl" in result.metrics:
         print(f"baseline: a unigram model of the same tokens has val_ppl {unigram:.2f}")
+    stability = result.stability
+    if stability is not None and (stability.unstable or stability.spikes):  # train/stability.py's rule, as every search applies it
+        spikes = f"{stability.spikes} loss spike(s), the largest {stability.largest_spike:.2f} nats above the level before it"
+        print(f"unstable: {stability.unstable}" + (f"; {spikes}" if stability.spikes else "") if stability.unstable else f"stable, with {spikes}")
     print(f"run folder: {out}")
     return 0

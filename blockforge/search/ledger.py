@@ -24,7 +24,7 @@ from typing import Any
 from blockforge.train.events import Status
 
 COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers", "steps", "metric", "value", "wall_s", "overrides",
-           "model", "identity", "duplicate_of", "note"]
+           "model", "identity", "duplicate_of", "note", "unstable"]
 
 
 class StageName(str, Enum):

@@ -98,3 +98,23 @@ def test_a_result_record_reads_back_and_an_edited_one_does_not():
     judged = Stability("why", 2, 1.5, 0.3, 40, 0)
     assert Stability.of_record(json.loads(json.dumps(judged.record()))) == judged
     assert Stability.of_record({**judged.record(), "spikes": "2"}) is None and Stability.of_record(None) is None
+
+
+def test_a_trained_run_says_how_stable_it_was_in_its_result_and_on_the_command_line(tmp_path, capsys):
+    """A sane learning rate trains a stable run; one far too high leaves the tiny model at about its unigram baseline (or
+    diverged): result.json keeps the judgement, the stability event is logged, and `train` says it."""
+    from blockforge.cli import main
+    from tiny_data import write_recipe
+
+    path = write_recipe(tmp_path, steps=150, eval_every=0, checkpoint_every=0, grad_norm_every=0, log_every=10, lr=1e-2)
+    assert main(["train", str(path), "--out", str(tmp_path / "sane"), "--no-progress"]) == 0
+    sane = json.loads((tmp_path / "sane" / "result.json").read_text())
+    assert Stability.of_record(sane["stability"]).stable and "unstable" not in capsys.readouterr().out
+    code = main(["train", str(path), "--out", str(tmp_path / "wild"), "--no-progress", "--set", "train.lr=0.8", "--set", "train.warmup=0.0"])
+    wild = json.loads((tmp_path / "wild" / "result.json").read_text())
+    judged = Stability.of_record(wild["stability"])
+    assert judged is not None and not judged.stable, wild
+    events = [json.loads(line) for line in (tmp_path / "wild" / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "stability" and events[-1]["unstable"] == judged.unstable
+    printed = capsys.readouterr()
+    assert (code == 3 and "diverged" in printed.err) or (code == 0 and f"unstable: {judged.unstable}" in printed.out)
