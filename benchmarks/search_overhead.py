@@ -30,7 +30,8 @@ from pathlib import Path
 import yaml
 
 from blockforge.search.config import load_search
-from blockforge.search.driver import ensure_ray, run_search
+from blockforge.cluster import ensure_ray
+from blockforge.search.driver import run_search
 from blockforge.search.ledger import Ledger
 from blockforge.search.report import write_reports
 from blockforge.train.loop import Trainer

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             _prepare_one(request, where, workers, args, entry)
     finally:
         if started_ray:
-            from blockforge.search.driver import stop_ray
+            from blockforge.cluster import stop_ray
 
             stop_ray()
     return 0
@@ -102,7 +102,7 @@ def _workers(args: argparse.Namespace, requests: list):
     wanted = args.workers or (None if args.address else os.cpu_count() or 1)
     if args.address is None and (wanted == 1 or max(part_count(request) for request, _, _ in requests) <= 1):
         return InProcess(), False
-    from blockforge.search.driver import ensure_ray
+    from blockforge.cluster import ensure_ray
 
     started = ensure_ray(args.address)
     if args.address is not None and args.out and "://" not in args.out:

@@ -13,7 +13,7 @@ import pytest
 
 from blockforge.search.driver import run_search
 from blockforge.search.ledger import Ledger
-from blockforge.search.reaper import MARK, alive
+from blockforge.reaper import MARK, alive
 
 from .conftest import write_search
 
@@ -50,7 +50,7 @@ def ray_processes_of(driver: int) -> list[int]:
 def ray_family_of(driver: int) -> dict[int, int]:
     """Every process of driver `driver`'s local Ray: the marked ones and their descendants (Ray's agents carry no
     mark of their own), as pid -> start time."""
-    from blockforge.search.reaper import family
+    from blockforge.reaper import family
 
     tokens = set()
     for pid in ray_processes_of(driver):
