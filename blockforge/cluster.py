@@ -8,15 +8,17 @@ however it ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 
 from blockforge import reaper
-from blockforge.errors import BlockforgeError
+from blockforge.errors import BlockforgeError, warn
 
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
@@ -47,13 +49,182 @@ def ensure_ray(address: str | None) -> bool:
         os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
     try:
         # address="local": a Ray of its own, even where `ray start` left a cluster ray.init would join.
-        _init_ray(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+        _start_local(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
     except BaseException:
         stop_ray()
         raise
     finally:
         os.environ.pop(reaper.MARK, None)
     return True
+
+
+START_ATTEMPTS = 3  # Ray waits 30 s (its own, fixed) for its node to register; a loaded machine gets this many of those
+START_PAUSE_S = 5.0  # ...with this pause between them
+
+
+def _start_local(**settings) -> None:
+    """Start a local Ray, again after a start that timed out (a loaded machine, an agent slow to import its packages):
+    Ray's own allowance is fixed at 30 s, so the allowance here is START_ATTEMPTS of them. A start that never succeeds,
+    or fails otherwise, is one sentence naming Ray's log folder and the likely causes."""
+    import time
+
+    import ray
+
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            _init_ray(**settings)
+            return
+        except Exception as err:  # Ray raises a bare Exception for a start that timed out
+            timed_out = "timed out during startup" in str(err)
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if timed_out and attempt < START_ATTEMPTS:
+                warn(f"Ray's local node did not start within its 30 s (attempt {attempt} of {START_ATTEMPTS}, {_load()}); trying again")
+                time.sleep(START_PAUSE_S)
+                continue
+            raise BlockforgeError(start_failure(err, attempt)) from None
+
+
+def start_failure(err: BaseException, attempts: int) -> str:
+    """One sentence for a local Ray that did not start: what Ray said, where its logs are, and what usually causes it."""
+    said = " ".join(str(err).split()) or type(err).__name__
+    if "timed out during startup" in said:
+        what = f"Ray's local node did not start within 30 s, {attempts} time(s) ({_load()})"
+    else:
+        what = f"Ray did not start ({said.rstrip('.')})"
+    return (f"{what}; its logs are in {_log_folder()}. Usually the machine is too loaded, short of memory or of /dev/shm, or a "
+            "package installed beside Ray is slow to import in Ray's agents; try again when it is quieter, or start Ray yourself "
+            "(`ray start --head`) and pass --address auto")
+
+
+def _load() -> str:
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except OSError:
+        return "load unknown"
+
+
+def _log_folder() -> str:
+    """Where Ray's session logs are (RAY_TMPDIR, else the system's temporary folder, then ray/session_latest/logs)."""
+    import tempfile
+
+    root = os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+    return os.path.join(root, "session_latest", "logs")
+
+
+# ---- Ray's failures of a running trial --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialFailure:
+    """Why Ray ended a trial's process: a kill by its memory monitor, a lost node or worker, or an error of its own."""
+
+    kind: str  # memory | lost | error
+    node: str  # the node's address, where Ray says it
+    used_gb: float | None = None  # memory: what the node had in use, and its limit, when Ray killed the trial
+    limit_gb: float | None = None
+    threshold: float | None = None  # memory: the fraction of the limit Ray kills above
+    trial_gb: float | None = None  # memory: the largest trial process among the node's top users, as Ray listed them
+    said: str = ""  # the exception's first line
+
+    def sentence(self, needs_gib: float | None = None, at_once: int | None = None) -> str:
+        """What happened and what to change (`needs_gib`: the trial's memory plan; `at_once`: trials running on the search)."""
+        if self.kind != "memory":
+            where = f" on node {self.node}" if self.node else ""
+            return f"its process or node was lost{where} ({self.said}); a cause outside the trial, so a resume trains it again"
+        had = f"the node had {self.used_gb:.2f} of {self.limit_gb:.2f} GB in use" if self.used_gb is not None else "the node was short of memory"
+        limit = f", above Ray's kill threshold of {self.threshold:.0%} of it" if self.threshold is not None else ""
+        used = f"; a trial's process used up to {self.trial_gb:.2f} GB" if self.trial_gb is not None else ""
+        plan = (f"{'; its' if not used else ' (its'} memory plan: {_size(needs_gib)} of weights, optimizer state and activations"
+                f"{')' if used else ''}") if needs_gib is not None else ""
+        many = f", with {at_once} trial(s) of the search running" if at_once else ""
+        return (f"killed by Ray's memory monitor on node {self.node or '?'}: {had}{limit}{used}{plan}{many}; run fewer trials at once "
+                "(--max-concurrent), or give each more of a node (resources.cpu or resources.gpu), then resume")
+
+
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+
+
+def trial_failure(err: BaseException | None) -> TrialFailure:
+    """What a trial's exception (as Ray Tune holds it) says of why it ended."""
+    import re
+
+    text = str(err or "")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__ if err else "no error kept")
+    names = {type(e).__name__ for e in _chain(err)}
+    node = re.search(r"IP: ([0-9a-fA-F.:]+)", text)
+    if "OutOfMemoryError" in names or "running low on memory" in text:
+        used = re.search(r"was ([0-9.]+)GB used / ([0-9.]+)GB limit", text)
+        threshold = re.search(r"threshold of \d+B \(([0-9.]+)% of", text)
+        trials = [float(gb) for gb in re.findall(r"^\s*\d+\s+([0-9.]+)\s+ray::ImplicitFunc", text, flags=re.M)]
+        return TrialFailure("memory", node.group(1) if node else "", float(used.group(1)) if used else None,
+                            float(used.group(2)) if used else None, float(threshold.group(1)) / 100 if threshold else None,
+                            max(trials) if trials else None, first)
+    lost = {"NodeDiedError", "ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError"}
+    return TrialFailure("lost" if names & lost else "error", node.group(1) if node else "", said=first[:200])
+
+
+def _chain(err: BaseException | None):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__
+
+
+class TrialFailures(logging.Filter):
+    """Ray Tune logs every failed trial task with Ray's traceback; here that record is kept (by trial id, for the sentence
+    the search writes of it) and not shown, so no Ray traceback reaches a terminal or a notebook. A memory kill Tune will
+    retry is said in one line."""
+
+    LOGGER = "ray.tune.execution.tune_controller"
+
+    def __init__(self):
+        super().__init__()
+        self.failures: dict[str, TrialFailure] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Trials did not complete"):
+            return False  # Tune's last word on failed trials: the ledger names each, with its reason
+        if not message.startswith("Trial task failed for trial"):
+            return True
+        trial_id = message.rsplit(" ", 1)[-1].rsplit("_", 1)[-1]
+        failure = trial_failure(record.exc_info[1] if record.exc_info else None)
+        if failure.kind == "memory" and not any(f.kind == "memory" for f in self.failures.values()):
+            warn(f"a trial was {failure.sentence().split(';')[0]}; Ray Tune runs such a trial again while it has retries left, "
+                 "and the search's end says which failed")
+        self.failures[trial_id] = failure
+        return False
+
+    def __enter__(self) -> "TrialFailures":
+        global _failures
+        for name in (self.LOGGER, "ray.tune.tune"):
+            logging.getLogger(name).addFilter(self)
+        _failures = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _failures
+        for name in (self.LOGGER, "ray.tune.tune"):
+            logging.getLogger(name).removeFilter(self)
+        _failures = None
+
+
+_failures: TrialFailures | None = None  # the running search's, while Tune runs it
+
+
+def failure_of(trial_id: str) -> TrialFailure | None:
+    """Why Ray ended trial `trial_id` of the search running in this process, as Tune logged it (None: not known)."""
+    return _failures.failures.get(trial_id) if _failures is not None else None
+
+
+def ray_failure(err: BaseException) -> TrialFailure | None:
+    """`err` as a Ray failure (an exception of Ray's own, anywhere in its chain), else None."""
+    if not any(type(e).__module__.startswith("ray.") for e in _chain(err)):
+        return None
+    return trial_failure(err)
 
 
 _keeper: threading.Event | None = None  # set by stop_ray: the thread that started Ray may end

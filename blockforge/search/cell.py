@@ -36,6 +36,7 @@ class SearchContext:
     serial: int = 0  # numbers the sampler asks across cells
     guidance: object = None  # stages/guidance.Guidance: the guided cells' windows (with guide)
     cost_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # architecture + micro batch -> computed costs
+    memory: dict[str, int] | None = None  # cell -> its largest trial's memory plan (what a memory kill is said against)
 
     @property
     def search_dir(self) -> str:
@@ -63,6 +64,14 @@ class SearchContext:
             if record.run_dir and record.status in TRAINED_END:
                 thin_run(store.storage, Path(record.run_dir).relative_to(store.local).as_posix() if Path(record.run_dir).is_absolute()
                          else record.run_dir)
+
+    def memory_need(self, cell: str) -> int:
+        """The memory plan of cell `cell`'s largest trial, in bytes per training process (search/preflight.py), once."""
+        if getattr(self, "memory", None) is None:  # (a context unpickled from an older search has none)
+            from blockforge.search.preflight import memory_needs
+
+            self.memory = memory_needs(self.plan)
+        return self.memory.get(cell, 0)
 
     def computed_costs(self, recipe) -> dict[str, float]:
         """The computed costs the search's objectives and constraints name, once per architecture."""
@@ -268,8 +277,7 @@ class Cell:
         metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) and isinstance(v, (int, float))}
         failure = {}
         if status == Status.FAILED:  # its own reason (said in a sentence), or a cause outside it, which a resume trains again
-            failure = {"note": result[FAILURE], "retry": False} if FAILURE in result else {
-                "note": "its process or node was lost, or it raised: see its error file under tune/", "retry": True}
+            failure = {"note": result[FAILURE], "retry": False} if FAILURE in result else {"note": self.outside_failure(trial_id), "retry": True}
         unstable = result.get("unstable") if isinstance(result.get("unstable"), str) else ""  # train/stability.py's reason, if any
         record = self.record(trial, status, value=result.get(plan.metric) if status != Status.DIVERGED else None,
                              steps=result.get("step", 0), metrics=metrics, wall_s=result.get("time_total_s", 0.0), unstable=unstable, **failure)
@@ -281,6 +289,16 @@ class Cell:
             self.done[trial.identity] = outcome
         for twin in self.waiting.pop(trial.identity, []):
             self.settle_duplicate(twin, outcome)
+
+    def outside_failure(self, trial_id: str) -> str:
+        """Why Ray ended a trial (its memory monitor, a lost node or process), as Tune logged it, with what to change."""
+        from blockforge.cluster import failure_of
+
+        failure = failure_of(trial_id)
+        if failure is None:
+            return "its process or node was lost, or it raised: see its error file under tune/"
+        at_once = 1 + sum(len(cell.running) for cell in self.context.cells.values())  # this one ended a moment ago
+        return failure.sentence(self.context.memory_need(self.name) / 2**30, at_once) if failure.kind == "memory" else failure.sentence()
 
     def record(self, trial: Trial, status: str, **fields) -> TrialRecord:
         fields["note"] = fields.get("note") or trial.note  # e.g. why a pruned model was brought back

@@ -26,7 +26,7 @@ from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_sea
 from blockforge.search.ledger import Ledger, LedgerFollower, StageName, TrialRecord
 from blockforge.search.store import SearchStore
 from blockforge.spec import Assignment
-from blockforge.cluster import ensure_ray, probe_address, stop_ray
+from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray
 from blockforge.storage import Lease, Storage, StorageError
 from blockforge.train.events import Status
 from blockforge.lock import RunLock
@@ -506,7 +506,10 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
     tracking = SearchTracking.open(plan, store)  # W&B, MLflow: their failures are warnings, before anything trains
     try:
         with Interrupts(command) as interrupts, store.driving():
-            started_here = ensure_ray(address)
+            try:
+                started_here = ensure_ray(address)
+            except BlockforgeError as err:  # Ray did not start (or join): nothing of the search ran yet
+                raise BlockforgeError(f"{err}; then " + (f"resume with: {command}" if resume else "run the same command again")) from None
             try:
                 interrupts.arm()
                 check_cluster(plan, needs, address, store)
@@ -529,6 +532,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                     if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
                         reason = _write_failure_in(err)
                         if reason is None:
+                            _raise_ray_failure(err, command)
                             raise
                         interrupts.write_failure, interrupts.write_fix = _failure_sentence(
                             err, f"{store}: cannot write the search's records ({reason})")
@@ -557,12 +561,36 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
             view.update(force=True, journal=False)  # the reports below rebuild every view
             summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
             tracking = None
+            said = outside_failures(ledger.records(), command)
+            if said is not None and interrupts.signal is None and any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in ledger.records()):
+                warn(said)  # (a search that finished nothing says it in its error, with the same resume line)
     finally:
         ProgressView.current = None
         if tracking is not None:  # the search stopped on an error: its tracker runs end as killed
             tracking.trackers.close(finished=False)
     return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command,
                          location=str(store))
+
+
+def _raise_ray_failure(err: BaseException, command: str) -> None:
+    """A failure of Ray's own that ended Tune's run in the driver (a memory kill of the driver's own work, a lost node):
+    one sentence and the resume line instead of Ray's traceback. Returns for anything else."""
+    failure = ray_failure(err)
+    if failure is None:
+        return
+    said = failure.sentence() if failure.kind == "memory" else f"Ray failed under the search ({failure.said})"
+    raise BlockforgeError(f"the search stopped: {said}; resume with: {command}") from None
+
+
+def outside_failures(records: list[TrialRecord], command: str) -> str | None:
+    """One sentence when trials failed for a cause outside them (Ray's memory monitor, a lost node): how many, the first one's
+    reason, and the resume line that trains them again."""
+    failed = [r for r in records if r.status == Status.FAILED and r.retry]
+    if not failed:
+        return None
+    first = failed[0]
+    return (f"{len(failed)} trial(s) failed for a cause outside them (trial {first.trial} of {first.cell}: {first.note}); "
+            f"resume with: {command} to train them again")
 
 
 def _failure_sentence(err: BaseException, default: str) -> tuple[str, str]:
@@ -676,7 +704,8 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
         )
     interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
-        tuner.fit()
+        with TrialFailures():  # Ray's tracebacks of failed trials are kept for the ledger's sentence, not shown
+            tuner.fit()
     finally:
         for name in QUIET_WHEN_INTERRUPTED:
             logging.getLogger(name).removeFilter(quiet)
