@@ -22,6 +22,7 @@ from typing import Iterator
 from blockforge.errors import BlockforgeError, FolderInUseError
 from blockforge.search.config import MARKER, trial_rel
 from blockforge.search.ledger import SEGMENTS, Ledger, TrialRecord, merged, parse_record, segment_name
+from blockforge.search.views import TENSORBOARD_FOLDER
 from blockforge.storage import Mirror, Storage, cache_root
 
 RUN_RECORDS = ("metrics.jsonl", "result.json", "spec.yaml", "recipe.yaml", "data.json", "attempts.jsonl")  # a run, as reports read it
@@ -146,9 +147,13 @@ class SearchStore:
         self.storage.move(rel, to)
 
     def put_reports(self) -> None:
-        """Put up everything the driver wrote besides the ledger (reports, views, best specs), and fold the ledger."""
+        """Put up everything the driver wrote besides the ledger (reports, views, best specs), and fold the ledger. The
+        storage's TensorBoard files the working copy no longer holds go: an event file is rewritten whole under a new name
+        when its run's curve changed (a trial resumed), and the old one would show every step twice."""
         if self.remote:
-            Mirror(self.storage, "", self.local).push(_report_file)
+            mirror = Mirror(self.storage, "", self.local)
+            mirror.pushed = {f"{TENSORBOARD_FOLDER}/{name}": (-1, -1) for name in self.storage.listing(TENSORBOARD_FOLDER)}
+            mirror.push(_report_file)
             self.fold()
 
     # ---- the ledger in the storage -----------------------------------------------------------------

@@ -475,3 +475,30 @@ def test_a_failing_endpoint_in_the_uri_is_named_as_the_uris(tmp_path, capsys, s3
     err = capsys.readouterr().err
     assert "cannot be reached at 127.0.0.1:1" in err and "the URI's endpoint_override" in err and "AWS_ENDPOINT_URL" not in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_run_whose_curve_changed_keeps_one_tensorboard_file_in_the_storage(tmp_path, s3):
+    """A trial resumed after a stop rewrites its run's event file whole under a new name: the storage keeps only the new
+    one, so TensorBoard shows each step once."""
+    from blockforge.search.ledger import Ledger
+    from blockforge.search.report import write_reports
+
+    from blockforge.search.config import load_search
+
+    from .test_api import quickstart
+    from .test_golden import ROOT
+
+    uri = s3.direct(s3.bucket(), "qs")
+    plan, store = quickstart(uri, tmp_path / "node", plan=load_search(ROOT / "searches" / "quickstart.yaml", [("cells.model.depth", [4])]))
+    events = lambda: sorted(n for n in store.storage.listing("tensorboard") if "events.out.tfevents" in n)  # noqa: E731
+    before = events()
+    record = next(r for r in Ledger(store.local / "trials.jsonl").records() if r.status == "completed")
+    with open(Path(record.run_dir) / "metrics.jsonl", "a") as f:  # its curve as the resumed trial leaves it: one step more
+        f.write(json.dumps({"step": record.steps + 1, "event": "train", "loss": 1.0}) + "\n")
+    time.sleep(1.1)  # an event file's name carries the second it was written in
+    write_reports(store.local, plan, Ledger(store.local / "trials.jsonl"), location=uri)
+    store.put_reports()
+    after = events()
+    assert len(after) == len(before) and len(set(after) - set(before)) == 1  # the changed run's file replaced, every other kept
+    folders = [name.rsplit("/", 1)[0] for name in after]
+    assert len(folders) == len(set(folders))  # one event file per run
