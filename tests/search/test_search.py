@@ -164,7 +164,7 @@ def test_resume_after_sigkill_does_not_repeat_finished_trials(tmp_path, ray_sess
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
+    deadline = time.time() + 1800  # a guard against a hang, not a speed limit
     while time.time() < deadline:
         if any(r.status == "completed" for r in Ledger(out / "trials.jsonl").records()):
             break
@@ -350,7 +350,7 @@ def test_resume_after_a_kill_during_confirmation_repeats_no_finished_trial(tmp_p
     out = tmp_path / "out"
     driver = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], env=dict(os.environ),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
+    deadline = time.time() + 1800  # a guard against a hang, not a speed limit
     while time.time() < deadline:
         if any(r.stage == "confirm" and r.status == "completed" for r in Ledger(out / "trials.jsonl").records()):
             break

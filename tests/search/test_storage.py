@@ -456,7 +456,7 @@ def test_a_storage_that_loses_a_running_trials_files_stops_the_search_in_one_sen
     proc = subprocess.Popen([sys.executable, "-m", "blockforge", "search", str(path), "--out", uri], cwd=tmp_path,
                             env=dict(os.environ, BLOCKFORGE_CACHE=str(tmp_path / "cache")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.time() + 240
+    deadline = time.time() + 1800  # a guard against a hang, not a speed limit
     while time.time() < deadline and not any(n.endswith("state.json") for n in storage.listing("trials")):
         time.sleep(0.2)
     for name in storage.listing("trials" if lost == "the trials' folders" else ""):
