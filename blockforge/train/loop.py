@@ -122,16 +122,8 @@ class Trainer:
         self.result: TrainResult | None = None  # set when the run ends
         self.last_loss: float | None = None  # the training loss of the last step read from the device
         self.run_dir = Path(run_dir)
-        device = pick_device(cfg.device)
-        self.world: World = init_world(device.type)
-        if self.world.size > 1 and device.type == "cuda":
-            device = torch.device("cuda", self.world.local_rank)
-        self.runtime = Runtime(device, cfg.precision)
-        self.device = device
-        if cfg.micro_batch * self.world.size > cfg.batch_size or cfg.batch_size % (cfg.micro_batch * self.world.size):
-            raise BlockforgeError(
-                f"train.batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch} x {self.world.size} processes"
-            )
+        self.world, self.device = world_and_device(cfg)
+        self.runtime = Runtime(self.device, cfg.precision)
         self.accumulation = cfg.batch_size // (cfg.micro_batch * self.world.size)
         self.progress = progress and self.world.is_main
         if resume and not checkpoint_folders(self.run_dir):  # before anything is written
@@ -164,7 +156,7 @@ class Trainer:
         if resume:  # the newest intact checkpoint; full weights go in before any sharding
             checkpoint = resume_checkpoint(self.run_dir, self.model, self.spec, say=warn if self.world.is_main else lambda line: None)
             apply_weights(self.model, checkpoint.weights)
-        self._speed_up(cfg)
+        speed_up(self.model, cfg, self.spec.depth)
         self.sharded = self.world.size > 1 and cfg.parallel == "fsdp"
         self.parallel = Parallel(self.model, self.world, device, sharded=self.sharded, bf16=self.runtime.bf16)
         self.train_model = self.parallel.module  # what the loss is computed with
@@ -186,16 +178,6 @@ class Trainer:
                 self.log.write({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.folder.name})
 
     # ---- set-up helpers -----------------------------------------------------------------------
-
-    def _speed_up(self, cfg) -> None:
-        from blockforge.spec.resolve import select_layers
-        from blockforge.train.speed import compile_blocks
-
-        chosen = cfg.activation_checkpointing
-        if chosen is not False:
-            self.model.set_grad_checkpointing(True if chosen is True else select_layers(chosen, self.spec.depth, "train.activation_checkpointing"))
-        if cfg.compile:
-            compile_blocks(self.model)
 
     def _write_run_files(self) -> None:
         atomic_write_text(self.run_dir / "recipe.yaml", yaml.safe_dump(to_plain(self.recipe), sort_keys=False))
@@ -229,13 +211,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return _Pending(step + 1, lr, total, grad_norm.detach(), samples, layers)
 
-    def _read(self, pending: list[_Pending]) -> list[Step]:
-        """The steps' losses (averaged over processes) and gradient norms, read from the device in one transfer."""
-        losses = mean_across(torch.stack([p.loss for p in pending]), self.world)
-        norms = torch.stack([p.grad_norm.to(losses.device, losses.dtype) for p in pending])
-        values = torch.stack([losses, norms]).tolist()
-        return [Step(p.step, loss, p.lr, norm, p.samples, p.layer_grad_norms) for p, loss, norm in zip(pending, *values)]
-
     def _must_read(self, step: int) -> bool:
         """Whether step `step`'s numbers are read now: every step for callbacks, else the first (the divergence ceiling
         is relative to its loss), the logged ones and the last."""
@@ -248,7 +223,7 @@ class Trainer:
         diverged (the run ends at that step)."""
         if not pending:
             return None
-        steps, done = self._read(pending), len(pending)
+        steps, done = read_steps(pending, self.world), len(pending)
         pending.clear()
         for info in steps:
             progress.count(info.samples)
@@ -276,9 +251,7 @@ class Trainer:
 
     def _finish(self, result: TrainResult) -> TrainResult:
         if result.status in (Status.COMPLETED, Status.DIVERGED):  # how stable it was (train/stability.py), said where the run ends
-            classes = self.recipe.model.classes if self.family.data_kind == "image" else None
-            result.stability = self.stability.judge(diverged=result.message if result.status == Status.DIVERGED else None,
-                                                    final_loss=(result.metrics or {}).get("val_loss"), baseline=baseline_loss(self.data_info, classes))
+            result.stability = judge_run(self.stability, result, self.data_info, self.recipe.model.classes if self.family.data_kind == "image" else None)
         if self.world.is_main:
             if result.stability is not None:
                 self.log.write({"step": result.step, "event": "stability", **result.stability.record()})
@@ -383,6 +356,45 @@ class Trainer:
         for _ in self.iterate():
             pass
         return self.result
+
+
+def world_and_device(cfg) -> tuple[World, torch.device]:
+    """This process's place in the run (its rank among the data-parallel processes) and its device; a batch the processes
+    cannot share evenly is one sentence."""
+    device = pick_device(cfg.device)
+    world = init_world(device.type)
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+    if cfg.micro_batch * world.size > cfg.batch_size or cfg.batch_size % (cfg.micro_batch * world.size):
+        raise BlockforgeError(f"train.batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch} x {world.size} processes")
+    return world, device
+
+
+def speed_up(model, cfg, depth: int) -> None:
+    """Activation checkpointing and torch.compile, as train.activation_checkpointing and train.compile ask."""
+    from blockforge.spec.resolve import select_layers
+    from blockforge.train.speed import compile_blocks
+
+    chosen = cfg.activation_checkpointing
+    if chosen is not False:
+        model.set_grad_checkpointing(True if chosen is True else select_layers(chosen, depth, "train.activation_checkpointing"))
+    if cfg.compile:
+        compile_blocks(model)
+
+
+def read_steps(pending: list[_Pending], world: World) -> list[Step]:
+    """The steps' losses (averaged over processes) and gradient norms, read from the device in one transfer."""
+    losses = mean_across(torch.stack([p.loss for p in pending]), world)
+    norms = torch.stack([p.grad_norm.to(losses.device, losses.dtype) for p in pending])
+    values = torch.stack([losses, norms]).tolist()
+    return [Step(p.step, loss, p.lr, norm, p.samples, p.layer_grad_norms) for p, loss, norm in zip(pending, *values)]
+
+
+def judge_run(monitor: Monitor, result: TrainResult, data_info: dict, classes: int | None):
+    """A run that completed or diverged, judged by train/stability.py's rule (its final validation loss against the data's
+    baseline: the unigram model of its tokens, or a uniform guess over `classes`)."""
+    diverged = result.message if result.status == Status.DIVERGED else None
+    return monitor.judge(diverged=diverged, final_loss=(result.metrics or {}).get("val_loss"), baseline=baseline_loss(data_info, classes))
 
 
 def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> TrainResult:
