@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -25,7 +26,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from blockforge.errors import BlockforgeError, FolderInUseError, WriteError
+from blockforge.errors import BlockforgeError, FolderInUseError, WriteError, warn
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CHUNK = 8 * 2**20  # bytes copied at a time between a local file and the storage
@@ -508,11 +509,52 @@ LEASE_STALE_S = 90.0  # a lease not renewed for this long was left by a process 
 _LIVE_LEASES: set[str] = set()  # the tokens of the leases this process holds
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A lease object as read: its bytes, its record, and why its record cannot be judged by its date (None: it can)."""
+
+    raw: bytes
+    record: dict
+    damage: str | None
+
+    @staticmethod
+    def of(raw: bytes) -> "_Held":
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return _Held(raw, {}, "is not JSON")
+        if not isinstance(record, dict):
+            return _Held(raw, {}, "is not a JSON object")
+        return _Held(raw, record, _lease_damage(record))
+
+    @property
+    def age(self) -> float:
+        """Seconds since its last renewal by this machine's clock (0 for a date a little ahead: another host's clock)."""
+        return max(0.0, time.time() - self.record["renewed"])
+
+
+def _lease_damage(record: dict) -> str | None:
+    """Why a lease record names no holder or no time this machine can judge it by: a field of the wrong type, a renewal
+    that is no finite time, or one further in the future than clocks drift apart (None: a record as leases write it)."""
+    renewed = record.get("renewed")
+    if isinstance(renewed, bool) or not isinstance(renewed, (int, float)) or not math.isfinite(renewed):
+        return f"says it was renewed at {json.dumps(renewed)[:40]}, which is no time"
+    if renewed - time.time() > LEASE_STALE_S:
+        return f"says it was renewed {renewed - time.time():.0f} s in the future (by this machine's clock)"
+    pid, host, token = record.get("pid"), record.get("host"), record.get("token")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(host, str) or not isinstance(token, str):
+        return "names no holder (a pid, host and token)"
+    return None
+
+
 class Lease:
     """One writer of a folder of a storage, which has no flock: an object (`name`) naming its holder (pid, host), renewed
     every LEASE_RENEW_S while it works. Another process finding a fresh lease is refused, naming the holder; a stale one
     (not renewed for LEASE_STALE_S, or left by a process of this host that is gone: one that failed because the storage
-    went away could not remove it) is taken over. `check()` before a write says whether this one still holds it."""
+    went away could not remove it) is taken over. A lease whose record cannot be dated (damaged, edited, or dated further
+    ahead than clocks drift) is watched for two renewal periods: unchanged, no process holds it and it is taken over with
+    a warning; renewed, its holder lives and the taker is refused. `check()` before a write says whether this one still
+    holds it."""
 
     def __init__(self, storage: Storage, name: str, doing: str):
         self.storage, self.name, self.doing = storage, name, doing
@@ -523,27 +565,35 @@ class Lease:
     def _record(self) -> dict:
         return {"token": self.token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": time.time()}
 
-    def _read(self) -> dict | None:
+    def _read(self) -> _Held | None:
         data = self.storage.read_bytes(self.name)
-        try:
-            record = json.loads(data) if data else None
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
+        return _Held.of(data) if data is not None else None
 
-    def _stale(self, held: dict) -> bool:
+    def _stale(self, held: _Held) -> bool:
         from blockforge.lock import process_alive
 
-        if time.time() - float(held.get("renewed", 0)) >= LEASE_STALE_S:
+        if held.age >= LEASE_STALE_S:
             return True
-        pid = held.get("pid")
-        if held.get("host") != socket.gethostname() or not isinstance(pid, int):
+        pid = held.record["pid"]
+        if held.record["host"] != socket.gethostname():
             return False
-        return not process_alive(pid) or (pid == os.getpid() and held.get("token") not in _LIVE_LEASES)
+        return not process_alive(pid) or (pid == os.getpid() and held.record["token"] not in _LIVE_LEASES)
+
+    def _watched(self, held: _Held) -> _Held | None:
+        """A lease that cannot be dated, watched for two renewal periods: None when nothing renewed it (no process holds
+        it), else what it was renewed to."""
+        wait = 2 * LEASE_RENEW_S
+        warn(f"{self.storage}/{self.name}: the lease {held.damage}; watching it for {wait:.0f} s: unless a process renews it "
+             "meanwhile, this one takes it over")
+        time.sleep(wait)
+        now = self._read()
+        return None if now is None or now.raw == held.raw else now
 
     def take(self) -> "Lease":
         held = self._read()
-        if held and held.get("token") != self.token and not self._stale(held):
+        if held is not None and held.damage is not None:
+            held = self._watched(held)
+        if held is not None and held.record.get("token") != self.token and (held.damage is not None or not self._stale(held)):
             raise FolderInUseError(self._refusal(held))
         self.storage.write_bytes(self.name, json.dumps(self._record()).encode())
         _LIVE_LEASES.add(self.token)
@@ -557,18 +607,22 @@ class Lease:
         self._thread.start()
         return self
 
-    def _refusal(self, held: dict) -> str:
-        age = time.time() - float(held.get("renewed", 0))
-        return (f"{self.storage}: is in use by process {held.get('pid', '?')} on {held.get('host', '?')}, which is {self.doing} (its "
-                f"lease was renewed {age:.0f} s ago); wait for it to end, or choose another --out (a lease of a process that is "
-                f"gone lapses {LEASE_STALE_S:.0f} s after its last renewal)")
+    def _refusal(self, held: _Held) -> str:
+        holder = f"process {held.record.get('pid', '?')} on {held.record.get('host', '?')}"
+        if held.damage is not None:  # renewed while watched, or overwritten under this holder
+            return (f"{self.storage}: is in use by {holder}, which is {self.doing}, or by a process that rewrites its lease "
+                    f"{self.name} ({held.damage}); stop that process (check the clocks of the machines that run it), or "
+                    "choose another --out")
+        return (f"{self.storage}: is in use by {holder}, which is {self.doing} (its lease was renewed {held.age:.0f} s ago); wait "
+                f"for it to end, or choose another --out (a lease of a process that is gone lapses {LEASE_STALE_S:.0f} s after "
+                "its last renewal)")
 
     def check(self) -> None:
         held = self._read()
-        if not held:
+        if held is None:
             raise FolderInUseError(f"{self.storage}: the lease of the process {self.doing} is gone from the storage (something "
                                    "else removed the folder's files)")
-        if held.get("token") != self.token:
+        if held.record.get("token") != self.token:
             raise FolderInUseError(self._refusal(held))
 
     def _renew(self) -> None:
@@ -587,5 +641,5 @@ class Lease:
             return
         with contextlib.suppress(Exception):
             held = self._read()
-            if held and held.get("token") == self.token:
+            if held is not None and held.record.get("token") == self.token:
                 self.storage.delete(self.name)

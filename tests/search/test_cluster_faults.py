@@ -171,3 +171,51 @@ def test_a_damaged_record_of_a_remote_search_is_named_in_the_storage_not_the_wor
     assert main(["search", str(write_search(tmp_path)), "--out", uri, "--resume"]) == 2
     said = capsys.readouterr().err
     assert f"{uri}/search.json" in said and local not in said and len(said.strip().splitlines()) == 1, said
+
+
+def test_a_lease_that_cannot_be_dated_is_watched_then_taken_over_or_refused_never_a_traceback(tmp_path, monkeypatch, capsys):
+    """A search.lease damaged or edited (renewed as a string, null, NaN or far in the future; no holder; not JSON) neither
+    raises Python's error nor blocks for ever: left as it is for two renewal periods, it is taken over with one warning;
+    rewritten meanwhile, something holds it and the taker is refused. A lease dated a little ahead (another host's clock)
+    is a live one; a holder whose lease is overwritten with damage stops writing with a sentence."""
+    import json
+    import math
+    import socket
+
+    from blockforge import storage as storage_module
+
+    real_sleep, renewal = time.sleep, {}
+    monkeypatch.setattr(storage_module, "LEASE_RENEW_S", 0.05)
+    monkeypatch.setattr(time, "sleep", lambda seconds: renewal.pop("then", lambda: None)() or real_sleep(min(seconds, 0.01)))
+    storage = Storage.open(tmp_path / "search")
+    holder = {"pid": 1, "host": "another-machine", "token": "theirs"}
+    undated = [(json.dumps({**holder, "renewed": "yesterday"}), 'renewed at "yesterday", which is no time'),
+               (json.dumps({**holder, "renewed": None}), "renewed at null, which is no time"),
+               (json.dumps({**holder, "renewed": math.nan}), "renewed at NaN, which is no time"),
+               (json.dumps({**holder, "renewed": time.time() + 10**6}), "renewed 1000000 s in the future"),
+               (json.dumps({"renewed": time.time()}), "names no holder"),
+               ("{cut sh", "is not JSON")]
+    for raw, says in undated:
+        storage.write_bytes("search.lease", raw.encode())
+        Lease(storage, "search.lease", "running this search").take().release()
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and "unless a process renews it meanwhile, this one takes it over" in err, err
+    # renewed while watched: a process holds it, however odd its record
+    for renewed_to, names in ((json.dumps({**holder, "renewed": time.time() + 10**6 + 30}), "or by a process that rewrites its lease"),
+                              (json.dumps({**holder, "renewed": time.time()}), "its lease was renewed 0 s ago")):
+        storage.write_bytes("search.lease", undated[3][0].encode())
+        renewal["then"] = lambda: storage.write_bytes("search.lease", renewed_to.encode())
+        with pytest.raises(FolderInUseError, match=f"in use by process 1 on another-machine.*{names}"):
+            Lease(storage, "search.lease", "running this search").take()
+    # a little ahead: another host's clock, alive
+    storage.write_bytes("search.lease", json.dumps({**holder, "renewed": time.time() + 30}).encode())
+    with pytest.raises(FolderInUseError, match="renewed 0 s ago"):
+        Lease(storage, "search.lease", "running this search").take()
+    storage.delete("search.lease")
+    monkeypatch.setattr(storage_module, "LEASE_RENEW_S", 30.0)  # no renewal of its own between the damage and the check
+    mine = Lease(storage, "search.lease", "running this search").take()
+    storage.write_bytes("search.lease", json.dumps({"host": socket.gethostname(), "renewed": []}).encode())
+    with pytest.raises(FolderInUseError, match=r"in use by process \? on .*renewed at \[\], which is no time"):
+        mine.check()
+    mine.release()
+    capsys.readouterr()
