@@ -507,7 +507,7 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
     pareto.json and transfer.json (`transfer_data`, from transfer_section)."""
     write_results_csv(plan, records, search_dir / "results.csv")
     write_optuna_storage(search_dir, plan, records)
-    tensorboard = write_tensorboard(search_dir, records)
+    tensorboard = write_tensorboard(search_dir, records, plan)
     write_best_specs(plan, found.evidence, search_dir / "best")
     if plan.varies_alpha:  # a search that varies no alpha has no alpha law to write
         atomic_write_json(search_dir / "alpha_law.json", {

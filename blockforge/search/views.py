@@ -157,10 +157,9 @@ def _journal(plan: SearchPlan, records: list[TrialRecord]):
         directions = ["minimize" if m == "min" else "maximize" for m in (plan.mode, *(m for _, m in plan.costs))]
         study = optuna.create_study(study_name=cell, storage=storage, directions=directions)
         study.set_user_attr("metric", plan.metric)
-        if plan.costs:  # the names optuna-dashboard shows on the front's axes (an experimental API: its warning is noise here)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
+        with warnings.catch_warnings():  # the names optuna-dashboard shows on its axes (an experimental API: its warning is noise)
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([plan.metric, *(c for c, _ in plan.costs)])
         study.set_user_attr("cell", plan.cell(cell))
         trials = [t for t in (_frozen_trial(plan, r) for r in by_cell.get(cell, [])) if t is not None]
         if trials:
@@ -181,20 +180,35 @@ def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[Trial
     return target
 
 
-def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
-    """Every trained run's curves (loss, lr, evaluations) under tensorboard/<cell>/trial<N>-seed<S> (N: the first
-    trial that trained it), from its metrics.jsonl; rewritten only when the log changed. False without the tensorboard
-    package. Each run's event file is written at once, without a writer thread (ten thousand runs take seconds)."""
+def searched_label(plan: SearchPlan, record: TrialRecord, sep: str = " ") -> str:
+    """What a reader compares a trial by, in a few characters: 'k=2' (its Post-LN layers) where alpha varies, then its
+    other searched values by their short names ('k=2 lr=0.003'); `sep` joins them."""
+    parts = [f"k={record.post_ln_layers}"] if plan.varies_alpha and record.post_ln_layers is not None else []
+    names = key_columns(plan)
+    for key, value in record.overrides.items():
+        if key != MIX_LN_ALPHA and key in names:
+            parts.append(f"{names[key]}={value:.3g}" if isinstance(value, float) else f"{names[key]}={value}")
+    return sep.join(parts)
+
+
+def write_tensorboard(search_dir: Path, records: list[TrialRecord], plan: SearchPlan) -> bool:
+    """Every trained run's curves (loss, lr, evaluations) under tensorboard/<cell>/trial<N>-<k and searched values>-seed<S>
+    (N: the first trial that trained it), from its metrics.jsonl, with the trial's searched values, k, seed, stage and
+    status as hparams and its objective as their metric (TensorBoard's HParams tab); rewritten only when the log or the
+    outcome changed. False without the tensorboard package. Each run's event file is written at once, without a writer
+    thread (ten thousand runs take seconds)."""
     try:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
         return False
     root = search_dir / TENSORBOARD_FOLDER
-    first = {}  # run folder -> the first record that trained in it (a pruned run continued by a replicate is one run)
+    first, last = {}, {}  # run folder -> the first record that trained in it (a pruned run continued by a replicate is one run), its latest
     for record in records:
         if record.status not in (Status.DUPLICATE, Status.RUNNING) and record.run_dir:
             first.setdefault(record.run_dir, record)
+            if record.seq >= last.get(record.run_dir, record).seq:
+                last[record.run_dir] = record
     host = socket.gethostname()
     for run_dir, record in first.items():
         log = Path(run_dir) / "metrics.jsonl"
@@ -202,25 +216,54 @@ def write_tensorboard(search_dir: Path, records: list[TrialRecord]) -> bool:
             stat = log.stat()
         except OSError:
             continue
-        folder = root / cell_slug(record.cell) / f"trial{record.trial:03d}-seed{record.seed}"
-        stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+        label = searched_label(plan, record, "-")
+        folder = root / cell_slug(record.cell) / (f"trial{record.trial:03d}-" + (f"{cell_slug(label)}-" if label else "") + f"seed{record.seed}")
+        stamp = f"{stat.st_size}:{stat.st_mtime_ns}:{last[run_dir].status}:{last[run_dir].value}"
         if (folder / ".source").exists() and (folder / ".source").read_text() == stamp:
             continue
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         now = time.time()
-        events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2")]
-        for entry in metric_lines(run_dir):
-            values = [summary_pb2.Summary.Value(tag=f"{entry.get('event', 'train')}/{key}", simple_value=float(value))
-                      for key, value in numbers(entry).items()]
-            if values:
-                events.append(event_pb2.Event(wall_time=now, step=int(entry["step"]), summary=summary_pb2.Summary(value=values)))
+        events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2"), *_curve_events(run_dir, now),
+                  *_hparams_events(plan, first[run_dir], last[run_dir], now)]
         with open(folder / f"events.out.tfevents.{int(now):010d}.{host}.{os.getpid()}.0", "wb") as f:
             writer = RecordWriter(f)
             for event in events:
                 writer.write(event.SerializeToString())
         (folder / ".source").write_text(stamp)
     return True
+
+
+def _curve_events(run_dir: str, now: float) -> list:
+    """Every number of the run's metrics.jsonl as a TensorBoard scalar EVENT/KEY at its step."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    events = []
+    for entry in metric_lines(run_dir):
+        values = [summary_pb2.Summary.Value(tag=f"{entry.get('event', 'train')}/{key}", simple_value=float(value))
+                  for key, value in numbers(entry).items()]
+        if values:
+            events.append(event_pb2.Event(wall_time=now, step=int(entry["step"]), summary=summary_pb2.Summary(value=values)))
+    return events
+
+
+def _hparams_events(plan: SearchPlan, first: TrialRecord, last: TrialRecord, now: float) -> list:
+    """The trial as an HParams session: its cell's keys, searched values, k, alpha, seed, stage and status, and its
+    objective (`hparams/<metric>`, the penalty where it diverged) as the session's metric."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from torch.utils.tensorboard.summary import hparams
+
+    values = {**plan.cell(first.cell), **first.overrides, "post_ln_layers": first.post_ln_layers, "alpha": first.alpha, "seed": first.seed,
+              "stage": first.stage, "status": str(last.status)}
+    kept = {short_names([k])[k]: v for k, v in values.items() if isinstance(v, (bool, int, float, str)) and v is not None}
+    objective = plan.penalty if last.status == Status.DIVERGED else last.value
+    metric = f"hparams/{plan.metric}"
+    experiment, start, end = hparams(kept, {metric: objective} if objective is not None else {})
+    events = [event_pb2.Event(wall_time=now, summary=summary) for summary in (experiment, start, end)]
+    if objective is not None:
+        events.append(event_pb2.Event(wall_time=now, step=last.steps,
+                                      summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=metric, simple_value=float(objective))])))
+    return events
 
 
 class LiveJournal:
