@@ -6,8 +6,8 @@ summary, when it ends; a run continued later (a resumed run, a pruned trial prom
 What went where (each tracker run's id, the last step logged per event) is kept in tracking.json beside the records, so
 nothing is logged twice across resumes and a resumed search continues its tracker runs.
 
-Trackers never stop the work they watch. A tracker whose package is missing, whose credentials are absent, or that
-raises (offline, a server gone) is one warning, once, naming it and the cause; the work goes on without it. Credentials
+Trackers never stop the work they watch. A tracker whose package is missing or fails as it imports, whose credentials
+are absent, or that raises (offline, a server gone) is one warning, once, naming it and the cause; the work goes on without it. Credentials
 come only from each tool's own environment (WANDB_API_KEY, WANDB_MODE, MLFLOW_TRACKING_URI, ...). Both trackers are
 driven through their own client APIs, with no process-global state: a search's driver holds many runs at once.
 """
@@ -177,13 +177,7 @@ class Trackers:
         self.backends: dict[str, Any] = {}
         project = tracking.project or name
         for tracker in tracking.report_to:
-            if tracker == "tensorboard":
-                continue
-            module, extra = EXTRA[tracker]
-            try:
-                __import__(module)
-            except ImportError:
-                warn(f"tracking: {tracker} needs its package: pip install 'blockforge[{extra}]'; {what} goes on without it")
+            if tracker == "tensorboard" or not self._imports(tracker):
                 continue
             backend = self._guarded(tracker, "starting", lambda t=tracker: _WandB(project, tracking.entity, group) if t == "wandb"
                                     else _MLflow(project))
@@ -206,15 +200,36 @@ class Trackers:
             return {"runs": {}}
         return state if isinstance(state, dict) and isinstance(state.get("runs"), dict) else {"runs": {}}
 
+    def _imports(self, tracker: str) -> bool:
+        """Whether the tracker's package imports. Its package missing, or failing as it imports (a dependency of another
+        version: protobuf's raises TypeError), is one warning, and the work goes on without it."""
+        module, extra = EXTRA[tracker]
+        try:
+            __import__(module)
+        except ImportError as err:
+            if err.name == module:
+                warn(f"tracking: {tracker} needs its package: pip install 'blockforge[{extra}]'; {self.what} goes on without it")
+            else:  # installed, but something it imports is not
+                self._failed(tracker, "importing its package", err)
+            return False
+        except Exception as err:  # noqa: BLE001 (whatever a package raises as it imports: the work goes on)
+            self._failed(tracker, "importing its package", err)
+            return False
+        return True
+
     def _guarded(self, tracker: str, doing: str, call: Callable[[], Any]) -> Any:
         """call(); a failure leaves `tracker` out from now on, said once."""
         try:
             return call()
         except Exception as err:  # any tracker error: the work goes on (its cause is in the sentence)
-            cause = (str(err).strip().splitlines() or [""])[0][:300]
-            warn(f"tracking: {tracker} failed {doing} ({type(err).__name__}: {cause}); {self.what} goes on without it")
-            self.backends.pop(tracker, None)
-            return None
+            return self._failed(tracker, doing, err)
+
+    def _failed(self, tracker: str, doing: str, err: Exception) -> None:
+        """`tracker` left out from now on, with one warning giving the first line of its error."""
+        cause = (str(err).strip().splitlines() or [""])[0][:300]
+        warn(f"tracking: {tracker} failed {doing} ({type(err).__name__}: {cause}); {self.what} goes on without it")
+        self.backends.pop(tracker, None)
+        return None
 
     def log(self, key: str, lines: list[dict], *, name: str, kind: str, config: dict, ended: dict | None = None,
             failed: bool = False, start: bool = False) -> None:

@@ -237,3 +237,71 @@ def test_tracking_takes_no_credentials_and_names_what_it_refuses(tmp_path, capsy
         load_search(path)
     assert main(["train", str(path), "--report-to", "wandb,nope"]) == 2
     assert "argument --report-to: unknown value 'nope'" in capsys.readouterr().err
+
+
+class _Breaks:
+    """An import finder under which importing `name` raises `error` (a package broken by a dependency of another version)."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name, self.error = name, error
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.name:
+            raise self.error
+        return None
+
+
+class _Flaky:
+    """A tracker backend that raises as it `fails` ("init", "start", "log", "finish" or "close")."""
+
+    name = "mlflow"
+
+    def __init__(self, fails: str):
+        self.fails, self.runs = fails, {}
+        self._maybe("init")
+
+    def _maybe(self, stage: str) -> None:
+        if stage == self.fails:
+            raise TypeError(f"the tracker broke at {stage}\nits second line")
+
+    def start(self, key, run_id, name, kind, config, parent):
+        self._maybe("start")
+        self.runs[key] = "id"
+        return "id"
+
+    def log(self, key, rows):
+        self._maybe("log")
+
+    def finish(self, key, summary, failed):
+        self._maybe("finish")
+        self.runs.pop(key)
+
+    def close(self):
+        self._maybe("close")
+
+
+@pytest.mark.parametrize("fails", ["import: TypeError", "import: a dependency", "init", "start", "log", "finish", "close"])
+def test_a_tracker_failing_anywhere_is_one_warning_and_the_work_goes_on(tmp_path, monkeypatch, capsys, fails):
+    """Whatever a tracker raises, as its package imports (protobuf's TypeError; an ImportError of something it imports), as it
+    starts, logs, finishes or closes: one warning naming it, what it was doing and the cause's first line; nothing raised."""
+    import blockforge.tracking as tracking
+
+    if fails.startswith("import"):
+        error = TypeError("Descriptors cannot be created directly.\nmore") if "TypeError" in fails else \
+            ImportError("cannot import name 'builder' from 'google.protobuf.internal'", name="google.protobuf.internal")
+        monkeypatch.delitem(sys.modules, "mlflow", raising=False)
+        monkeypatch.setattr(sys, "meta_path", [_Breaks("mlflow", error), *sys.meta_path])
+    monkeypatch.setattr(tracking, "_MLflow", lambda experiment: _Flaky(fails))
+    trackers = tracking.Trackers(Tracking(report_to=["mlflow"]), name="x", state_dir=tmp_path, what="the run")
+    lines = [{"event": "eval", "step": step, "val_loss": 1.0 / step} for step in (1, 2)]
+    trackers.log("run", lines[:1], name="run", kind="train", config={}, start=True)
+    trackers.log("run", lines, name="run", kind="train", config={}, ended={"status": "completed"})
+    trackers.log("again", lines, name="again", kind="train", config={})
+    trackers.close()
+    err = capsys.readouterr().err.splitlines()
+    doing = {"init": "starting", "start": "starting the run of run", "log": "logging run", "finish": "finishing the run of run",
+             "close": "closing"}.get(fails, "importing its package")
+    cause = {"import: TypeError": "TypeError: Descriptors cannot be created directly.",
+             "import: a dependency": "ImportError: cannot import name 'builder'"}.get(fails, f"TypeError: the tracker broke at {fails}")
+    assert len(err) == 1 and err[0].startswith(f"blockforge: warning: tracking: mlflow failed {doing} ({cause}"), err
+    assert err[0].endswith("; the run goes on without it") and not trackers
