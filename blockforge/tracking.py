@@ -7,9 +7,10 @@ What went where (each tracker run's id, the last step logged per event) is kept 
 nothing is logged twice across resumes and a resumed search continues its tracker runs.
 
 Trackers never stop the work they watch. A tracker whose package is missing or fails as it imports, whose credentials
-are absent, or that raises (offline, a server gone) is one warning, once, naming it and the cause; the work goes on without it. Credentials
-come only from each tool's own environment (WANDB_API_KEY, WANDB_MODE, MLFLOW_TRACKING_URI, ...). Both trackers are
-driven through their own client APIs, with no process-global state: a search's driver holds many runs at once.
+are absent, or that raises (offline, a server gone) is one warning, once, naming it and the cause; the work goes on
+without it. Credentials come only from each tool's own environment (WANDB_API_KEY, WANDB_MODE, MLFLOW_TRACKING_URI, ...).
+Both trackers are driven through their own client APIs, with no process-global state: a search's driver holds many runs
+at once.
 """
 
 from __future__ import annotations
