@@ -43,14 +43,15 @@ def key_columns(plan: SearchPlan) -> dict[str, str]:
 
 
 def results_rows(plan: SearchPlan, records: list[TrialRecord]) -> tuple[list[str], list[dict]]:
-    """results.csv's columns and rows, one per trial: the ledger's columns, then one column per cell key and per searched
-    key (ints stay ints), then one per cost."""
+    """results.csv's columns and rows, one per trial, cells in the search file's order: the ledger's columns, then one
+    column per cell key and per searched key (ints stay ints), then one per cost."""
     columns = key_columns(plan)
     costs = list(dict.fromkeys([*(c for c, _ in plan.costs), *plan.constraints]))  # a column per cost
     ledger = COLUMNS if plan.varies_alpha else [c for c in COLUMNS if c not in ("alpha", "post_ln_layers")]  # no alpha where none varies
     fieldnames = ledger[:2] + list(columns.values()) + ledger[2:] + costs
+    order = {name: i for i, name in enumerate(plan.all_names())}  # the search file's order of cells (depth=4 before depth=12)
     rows = []
-    for record in records:
+    for record in sorted(records, key=lambda r: (order.get(r.cell, len(order)), r.cell, r.trial)):
         row = asdict(record)
         row["overrides"] = json.dumps(record.overrides, sort_keys=True)
         values = {**plan.cell(record.cell), **record.overrides}

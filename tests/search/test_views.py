@@ -32,3 +32,13 @@ def test_optuna_names_the_metric_and_tensorboard_has_an_hparams_session_per_tria
         if record.status == "completed":
             last = [r for r in Ledger(store.local / "trials.jsonl").records() if r.run_dir == record.run_dir][-1]
             assert events.Scalars("hparams/val_loss")[-1].value == pytest.approx(last.value, rel=1e-6)  # (float32 in TensorBoard)
+
+
+def test_results_keep_the_search_files_order_of_cells(tmp_path):
+    import blockforge
+
+    _, store = quickstart(tmp_path / "qs", tmp_path / "node")
+    table = blockforge.open_search(store.local).results()
+    cells = list(dict.fromkeys(table["cell"]))
+    assert cells == ["depth=4", "depth=8", "depth=12"]  # as the search file lists them, not as text sorts them
+    assert list(table[table["cell"] == "depth=8"]["trial"]) == sorted(table[table["cell"] == "depth=8"]["trial"])
