@@ -28,6 +28,9 @@ STATE_FILE = "tracking.json"
 EXTRA = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}  # tracker -> (its module, blockforge's extra)
 PARENT = "(search)"  # the key of a search's own MLflow run
 STEP = "step"  # W&B's x-axis for every logged metric (its own _step counts log calls)
+KIND_TAG = "mlflow.experimentKind"  # MLflow 3: what the UI shows of an experiment first
+LOGGED_ARTIFACTS = "mlflow.loggedArtifacts"  # MLflow: the run's artifacts its UI shows as tables
+ANSWERS = "(answers)"  # the key of a search's answers run (W&B)
 
 
 def metric_rows(lines: list[dict]) -> list[tuple[str, int, dict[str, float]]]:
@@ -101,11 +104,14 @@ class _WandB:
         run.summary.update(summary)
         run.finish(exit_code=1 if failed else 0)
 
-    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None) -> None:
-        run = self._init(job_type="answers", name=title)
+    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None,
+              run_id: str | None = None) -> str:
+        """The table in the search's answers run (one per search, continued on each report: its table is the newest)."""
+        run = self._init(job_type="answers", name=title, id=run_id or _run_id(), resume="allow")
         run.log({name: self.wandb.Table(columns=columns, data=rows)})
         run.summary.update(summary)
         run.finish()
+        return run.id
 
     def close(self) -> None:
         for key in list(self.runs):
@@ -123,6 +129,8 @@ class _MLflow:
         self.client = MlflowClient()  # MLFLOW_TRACKING_URI (and its credentials) from the environment
         found = self.client.get_experiment_by_name(experiment)
         self.experiment = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+        if found is None or KIND_TAG not in found.tags:  # MLflow 3's UI then opens it on its runs ("Model training"), not GenAI
+            self.client.set_experiment_tag(self.experiment, KIND_TAG, "custom_model_development")
         self.runs: dict[str, str] = {}
 
     def start(self, key: str, run_id: str | None, name: str, kind: str, config: dict, parent: str | None) -> str:
@@ -154,9 +162,19 @@ class _MLflow:
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
     def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None) -> None:
+        """The table as `name`.json on the search's run, replaced whole each time (log_table would append the rows to the
+        last report's), in log_table's layout and with its tag, so MLflow's UI shows it as a table."""
         if parent is None:
             return
-        self.client.log_table(parent, data={c: [row[i] for row in rows] for i, c in enumerate(columns)}, artifact_file=f"{name}.json")
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"{name}.json"
+            path.write_text(json.dumps({"columns": columns, "data": rows}, default=str))
+            self.client.log_artifact(parent, str(path))
+        logged = json.loads(self.client.get_run(parent).data.tags.get(LOGGED_ARTIFACTS, "[]"))
+        if {"path": f"{name}.json", "type": "table"} not in logged:
+            self.client.set_tag(parent, LOGGED_ARTIFACTS, json.dumps([*logged, {"path": f"{name}.json", "type": "table"}]))
         for key, value in summary.items():
             self.client.set_tag(parent, f"blockforge.{key}", str(value)[:5000])
 
@@ -171,24 +189,26 @@ class Trackers:
     the work in warnings ("the search"); `group` groups a search's runs (W&B group, MLflow parent run)."""
 
     def __init__(self, tracking, *, name: str, state_dir: Path, what: str, group: str | None = None,
-                 on_save: Callable[[Path], None] | None = None):
-        self.what, self.group, self.on_save = what, group, on_save
+                 on_save: Callable[[Path], None] | None = None, about: dict | None = None):
+        """`about`: what the search's own run records of it (where it is kept)."""
+        self.what, self.group, self.on_save, self.about = what, group, on_save, dict(about or {})
         self.path = Path(state_dir) / STATE_FILE
         self.state = self._read()
         self.backends: dict[str, Any] = {}
         project = tracking.project or name
+        experiment = tracking.project or group or name  # MLflow: a search's own experiment, unless a project is named
         for tracker in tracking.report_to:
             if tracker == "tensorboard" or not self._imports(tracker):
                 continue
             backend = self._guarded(tracker, "starting", lambda t=tracker: _WandB(project, tracking.entity, group) if t == "wandb"
-                                    else _MLflow(project))
+                                    else _MLflow(experiment))
             if backend is not None:
                 self.backends[tracker] = backend
         if group is not None and "mlflow" in self.backends:  # the search's parent run, continued on resume
             parent = self.state.get("parent")
             mlflow = self.backends["mlflow"]
             self.state["parent"] = self._guarded("mlflow", "starting the search's run", lambda: mlflow.start(
-                PARENT, parent, group, "search", {"search": group}, None)) or parent
+                PARENT, parent, group, "search", {"search": group, **self.about}, None)) or parent
             mlflow.runs.pop(PARENT, None)  # closed by close(), not with the trials'
 
     def __bool__(self) -> bool:
@@ -233,11 +253,13 @@ class Trackers:
         return None
 
     def log(self, key: str, lines: list[dict], *, name: str, kind: str, config: dict, ended: dict | None = None,
-            failed: bool = False, start: bool = False) -> None:
+            failed: bool = False, start: bool = False, whole: bool = False) -> None:
         """Log the lines of run `key` not logged before (per tracker and event, by step), starting its tracker runs as
         needed (`start`: now, with nothing to log yet); `ended`: the run has ended (its summary), so its tracker runs are
-        finished until it has more to log."""
-        entry = self.state["runs"].setdefault(key, {"ids": {}, "logged": {}})
+        finished until it has more to log. `whole`: `lines` is the run's whole log, so a run started again from its first
+        step is seen, and logged as a new attempt."""
+        entry = self._attempt(key, lines) if whole else self.state["runs"].setdefault(key, {"ids": {}, "logged": {}})
+        name = name if entry.get("attempt", 1) == 1 else f"{name} (attempt {entry['attempt']})"
         rows = metric_rows(lines)
         for tracker, backend in list(self.backends.items()):
             logged = entry["logged"].setdefault(tracker, {})
@@ -255,10 +277,31 @@ class Trackers:
             if ended is not None and is_open and tracker in self.backends:
                 self._guarded(tracker, f"finishing the run of {name}", lambda: backend.finish(key, ended, failed))
 
+    def _attempt(self, key: str, lines: list[dict]) -> dict:
+        """Run `key`'s entry in the state. A run that started again from its first step (its log's first line is not the one
+        logged before: a trial trained anew, its checkpoints lost) is a new attempt: its tracker runs are new ones, so no
+        value of the first attempt stands beside the second's."""
+        entry = self.state["runs"].setdefault(key, {"ids": {}, "logged": {}})
+        first = json.dumps(lines[0], sort_keys=True) if lines else None
+        if first is not None and entry.get("first") not in (None, first):
+            for tracker, backend in list(self.backends.items()):
+                if key in backend.runs:
+                    self._guarded(tracker, "finishing an earlier attempt", lambda: backend.finish(key, {"status": "restarted"}, True))
+            entry = self.state["runs"][key] = {"ids": {}, "logged": {}, "attempt": entry.get("attempt", 1) + 1}
+        if first is not None:
+            entry["first"] = first
+        return entry
+
     def answers(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict) -> None:
-        """A table of answers (a search's, per cell) with a summary, in each tracker."""
+        """A table of answers (a search's, per cell) with a summary, in each tracker: replacing the last one (W&B: in the
+        same run, continued; MLflow: the same artifact on the search's run)."""
         for tracker, backend in list(self.backends.items()):
-            self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
+            if tracker == "wandb":
+                answered = self._guarded(tracker, "logging the answers", lambda: backend.table(
+                    name, title, columns, rows, summary, run_id=self.state.get("answers")))
+                self.state["answers"] = answered or self.state.get("answers")
+            else:
+                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
 
     def save(self) -> None:
         """Keep what was logged where (tracking.json), for a resume."""

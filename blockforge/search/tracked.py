@@ -14,11 +14,22 @@ from pathlib import Path
 from blockforge.search.config import SearchPlan
 from blockforge.search.ledger import TrialRecord
 from blockforge.search.runs import metric_lines
+from blockforge.search.views import searched_label
 from blockforge.tracking import STATE_FILE, Trackers
 from blockforge.train.events import Status
 
 ANSWER_COLUMNS = ["cell", "winner", "post_ln_layers", "mean", "sd", "n", "vs_pre_ln", "low", "high", "verdict", "tied_with", "claim"]
 STABILITY_COLUMNS = ["largest_stable_lr", "stable_lr_vs_pre_ln", "stability", "answer"]  # with confirm.stability: the winner's
+
+
+def search_group(plan: SearchPlan, location: str) -> str:
+    """A search's name in the trackers (W&B group, MLflow experiment and parent run): its file's name and its folder's, and
+    a short hash of where it is kept, so two searches of one file kept apart are apart there too ('quickstart:search-
+    quickstart-3fa2c1'); the whole location is in the search run's config."""
+    import hashlib
+
+    tail = location.rstrip("/").rsplit("/", 1)[-1] or location
+    return f"{plan.name}:{tail}-{hashlib.sha256(location.encode()).hexdigest()[:6]}"
 
 
 def trial_config(plan: SearchPlan, record: TrialRecord) -> dict:
@@ -32,8 +43,9 @@ def trial_config(plan: SearchPlan, record: TrialRecord) -> dict:
 class SearchTracking:
     def __init__(self, plan: SearchPlan, store):
         self.plan, self.store = plan, store
-        self.trackers = Trackers(plan.tracking, name=plan.name, state_dir=store.local, what="the search", group=plan.name,
-                                 on_save=lambda path: store.put(STATE_FILE))
+        self.group = search_group(plan, str(store))
+        self.trackers = Trackers(plan.tracking, name=plan.name, state_dir=store.local, what="the search", group=self.group,
+                                 on_save=lambda path: store.put(STATE_FILE), about={"location": str(store), "file": plan.file})
 
     @classmethod
     def open(cls, plan: SearchPlan, store) -> "SearchTracking | None":
@@ -62,9 +74,10 @@ class SearchTracking:
                 Mirror(self.store.storage, key, Path(run_dir)).pull(lambda name: name == "metrics.jsonl", remove=False)
             ended = None if latest.status == Status.RUNNING else {"status": str(latest.status), "value": latest.value,
                                                                   "steps": latest.steps, "trial": latest.trial, "stage": latest.stage}
-            self.trackers.log(key, metric_lines(run_dir), name=f"{first.cell} trial {first.trial} seed {first.seed}", kind=first.cell,
+            label = searched_label(self.plan, first)
+            self.trackers.log(key, metric_lines(run_dir), name=f"{first.cell} trial {first.trial}{' ' + label if label else ''} seed {first.seed}", kind=first.cell,
                               config=trial_config(self.plan, first), ended=ended,
-                              failed=latest.status in (Status.FAILED, Status.INTERRUPTED))
+                              failed=latest.status in (Status.FAILED, Status.INTERRUPTED), whole=True)
             if ended is not None:
                 state.setdefault(key, {})["ended"] = latest.seq
         self.trackers.save()
@@ -86,7 +99,7 @@ class SearchTracking:
                          "; ".join(describe(c) for c in a.tied), a.claim, *(_stability_cells(a) if stability else [])])
         law = found.law_verdict if self.plan.varies_alpha and found.law else ""
         summary = {"trials": len(records), **({"alpha_law": law} if law else {}), **({"stopped": True} if stopped else {})}
-        self.trackers.answers("answers", f"{self.plan.name} answers", ANSWER_COLUMNS + (STABILITY_COLUMNS if stability else []), rows, summary)
+        self.trackers.answers("answers", f"{self.group} answers", ANSWER_COLUMNS + (STABILITY_COLUMNS if stability else []), rows, summary)
         self.trackers.close(finished=not stopped)
 
 

@@ -122,7 +122,8 @@ def test_a_search_in_wandb_and_mlflow_equals_its_own_curves_and_answers(trackers
         if not record.run_dir:
             continue
         run = by_identity[record.identity]
-        assert run["group"] == "quickstart" and run["job_type"] == run["config"]["cell"]
+        assert run["group"] == holder["tracking"].group and run["job_type"] == run["config"]["cell"]
+        assert run["name"] == f"{record.cell} trial {record.trial} k={record.post_ln_layers} seed {record.seed}"
         assert run["config"][ALPHA] == record.overrides[ALPHA] and run["config"]["post_ln_layers"] == record.post_ln_layers
         assert run["config"]["seed"] == record.seed and run["config"]["model.depth"] == plan.cell(record.cell)["model.depth"]
         assert wandb_curve(run) == curve_of(metric_lines(record.run_dir)), record.identity
@@ -130,8 +131,11 @@ def test_a_search_in_wandb_and_mlflow_equals_its_own_curves_and_answers(trackers
     assert answers["summary"]["trials"] == len(records) and "alpha_law" in answers["summary"]
 
     # MLflow: a parent run for the search, a child per run folder with the same params and curves
-    client, found = mlflow_runs("quickstart")
-    parent = next(r for r in found if r.info.run_name == "quickstart")
+    group = holder["tracking"].group
+    assert group.startswith("quickstart:qs-")  # the search file's name, its folder's, and a hash of where it is kept
+    client, found = mlflow_runs(group)
+    parent = next(r for r in found if r.info.run_name == group)
+    assert client.get_experiment_by_name(group).tags["mlflow.experimentKind"] == "custom_model_development"
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == len(folders) and parent.info.status == "FINISHED"
     for child in children:
@@ -172,7 +176,7 @@ def test_a_tracker_missing_without_credentials_or_failing_is_one_sentence_and_th
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err
     assert err[0] == "blockforge: warning: tracking: wandb needs its package: pip install 'blockforge[wandb]'; the search goes on without it"
-    assert re.fullmatch(r"blockforge: warning: tracking: mlflow failed logging depth=\d+ trial \d+ seed \d+ \(ConnectionError: tracking "
+    assert re.fullmatch(r"blockforge: warning: tracking: mlflow failed logging depth=\d+ trial \d+ k=\d+ seed \d+ \(ConnectionError: tracking "
                         r"server went away\); the search goes on without it", err[1]), err[1]
     assert calls["n"] == 3 and len(records) == 33  # the search itself went on to its end
 
@@ -218,7 +222,9 @@ def test_a_search_run_from_python_logs_every_trial_and_one_without_tracking_is_u
     assert sorted(runs) == sorted(r.identity for r in search.records)
     for record in search.records:
         assert wandb_curve(runs[record.identity]) == curve_of(metric_lines(record.run_dir))
-    client, found = mlflow_runs("tiny")
+    from blockforge.search.tracked import search_group
+
+    client, found = mlflow_runs(search_group(search.plan, str(trackers / "tracked")))
     assert len(found) == 3  # the search's run and its two trials
     plain = blockforge.run_search(path, out=trackers / "plain")
     assert not (plain.folder / STATE_FILE).exists() and len(wandb_runs(trackers)) == len(runs) + 1
@@ -305,3 +311,64 @@ def test_a_tracker_failing_anywhere_is_one_warning_and_the_work_goes_on(tmp_path
              "import: a dependency": "ImportError: cannot import name 'builder'"}.get(fails, f"TypeError: the tracker broke at {fails}")
     assert len(err) == 1 and err[0].startswith(f"blockforge: warning: tracking: mlflow failed {doing} ({cause}"), err
     assert err[0].endswith("; the run goes on without it") and not trackers
+
+
+def test_two_searches_of_one_file_are_apart_and_the_answers_follow_every_report(trackers):
+    """Two folders of the quickstart (one cell), each its own W&B group and MLflow experiment; the first stopped partway,
+    its answers table equal to its summary.md then, and replaced (not appended to) by the next report."""
+    from blockforge.search.config import load_search
+    from blockforge.search.store import SearchStore
+    from blockforge.storage import Storage
+    from .test_golden import ROOT
+
+    plan = load_search(ROOT / "searches" / "quickstart.yaml", [("cells.model.depth", [4]), ("tracking.report_to", ["wandb", "mlflow"])])
+    tables = {}
+    for name, stop_after in (("one", lambda handed: len(handed) >= 5), ("two", None)):
+        store = SearchStore(Storage.open(trackers / name))
+        tracking = SearchTracking.open(plan, store)
+        quickstart(trackers / name, trackers / "node", stop_after=stop_after, plan=plan)
+        records = Ledger(store.local / "trials.jsonl").records()
+        tracking.finish(records, Findings.of(plan, records), stopped=stop_after is not None)
+        client, found = mlflow_runs(tracking.group)
+        parent = next(r for r in found if r.info.run_name == tracking.group)
+        tables[name] = (tracking.group, client, parent)
+        table = json.loads(Path(client.download_artifacts(parent.info.run_id, "answers.json", str(trackers / f"dl-{name}"))).read_text())
+        summary = (store.local / "summary.md").read_text()
+        assert [row[0] for row in table["data"]] == ["depth=4"] and table["data"][0][-1] in summary  # the claim summary.md makes now
+    (one, _, _), (two, _, _) = tables["one"], tables["two"]
+    assert one != two and one.startswith("quickstart:one-") and two.startswith("quickstart:two-")
+    groups = {run["group"] for run in wandb_runs(trackers).values()}
+    assert groups == {one, two}
+
+    # the stopped search resumed to its end: its table is the new report's, one row per cell
+    store = SearchStore(Storage.open(trackers / "one"))
+    tracking = SearchTracking.open(plan, store)
+    from blockforge.search.scheduler import CellScheduler
+    from blockforge.search.searcher import CellSearcher
+    from .conftest import drive_curves
+    from .test_golden import synthetic_curves
+
+    drive_curves(CellSearcher(plan, store, from_ledger=True), CellScheduler(plan, store), synthetic_curves(plan), limit=5000)
+    records = Ledger(store.local / "trials.jsonl").records()
+    found = Findings.of(plan, records)
+    tracking.finish(records, found)
+    _, client, parent = tables["one"]
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "answers.json", str(trackers / "dl-again"))).read_text())
+    assert len(table["data"]) == 1 and table["data"][0][-1] == found.evidence["depth=4"].claim()
+
+
+def test_a_run_started_again_from_its_first_step_is_a_new_attempt_in_the_trackers(trackers):
+    from blockforge.tracking import Trackers
+
+    tracking = Tracking(report_to=["mlflow"], project="attempts")
+    first = [{"step": s, "event": "train", "loss": 9.0 - s, "tok_per_s": 1000.0} for s in (10, 20)]
+    again = [{"step": s, "event": "train", "loss": 8.0 - s, "tok_per_s": 2000.0} for s in (10,)]
+    trackers_ = Trackers(tracking, name="x", state_dir=trackers, what="the search")
+    trackers_.log("trials/a/b", first, name="trial 0", kind="cell", config={}, whole=True)
+    trackers_.log("trials/a/b", again, name="trial 0", kind="cell", config={}, whole=True)  # trained anew: its log starts over
+    trackers_.close()
+    client, found = mlflow_runs("attempts")
+    by_name = {run.info.run_name: run for run in found}
+    assert set(by_name) == {"trial 0", "trial 0 (attempt 2)"}
+    assert mlflow_curve(client, by_name["trial 0 (attempt 2)"]) == [(10, "train/loss", -2.0), (10, "train/tok_per_s", 2000.0)]
+    assert mlflow_curve(client, by_name["trial 0"]) == curve_of(first)
