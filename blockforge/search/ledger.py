@@ -128,6 +128,7 @@ class Ledger:
         self._appended: list[TrialRecord] = []  # what this instance appended, in order
         self._seq = 0
         self.damage: list[int] = []  # line numbers (1-based) of the file that are not records, but for a cut last line
+        self.copies: dict[Path, tuple[int, list[int]]] = {}  # each copy as read: how many records it holds, its damaged lines
 
     @property
     def appended(self) -> int:
@@ -152,7 +153,9 @@ class Ledger:
     def _held(self) -> dict[tuple[str, int], TrialRecord]:
         if self._latest is None:  # every copy, merged: a record damaged or lost in one is read from another
             main, self.damage = read_lines(self.path)
-            latest = merged(main, read_lines(self.backup)[0], *(read_lines(p)[0] for p in segment_files(self.folder)))
+            copy, copy_damage = read_lines(self.backup)
+            self.copies = {self.path: (len(main), self.damage), self.backup: (len(copy), copy_damage)}
+            latest = merged(main, copy, *(read_lines(p)[0] for p in segment_files(self.folder)))
             self._latest = {key: located(record, self.folder) for key, record in latest.items()}
             self._seq = max((r.seq for r in self._latest.values()), default=0)
         return self._latest

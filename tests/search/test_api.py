@@ -3,6 +3,7 @@ reports say; blockforge.run_search: the command line's search from Python."""
 
 import json
 import os
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -148,12 +149,14 @@ def test_a_search_in_a_bucket_opens_as_the_same_objects(tmp_path, s3):
     _, store = quickstart(uri, tmp_path / "node")
     remote = blockforge.open_search(uri)
     assert remote.folder != store.local  # a copy of its own: never the driver's working copy
+    rungs = {name: answer.rungs for name, answer in remote.cells().items()}  # before curves(): the runs' curves taken down first
     assert_equals_its_reports(remote, remote.folder)
     assert not list(remote.folder.rglob("*.safetensors"))
     local = quickstart(tmp_path / "qs", tmp_path / "node")[1]
     here = blockforge.open_search(local.local)
     pandas.testing.assert_frame_equal(remote.results().drop(columns="wall_s"), here.results().drop(columns="wall_s"))
     assert {n: a.claim for n, a in remote.cells().items()} == {n: a.claim for n, a in here.cells().items()}
+    assert rungs == {name: answer.rungs for name, answer in here.cells().items()} and all(r.checks for r in rungs.values())
 
 
 def test_what_cannot_be_opened_is_one_sentence(tmp_path, capsys):
@@ -171,6 +174,120 @@ def test_what_cannot_be_opened_is_one_sentence(tmp_path, capsys):
     (tmp_path / "qs" / MARKER).write_text("{")
     with pytest.raises(BlockforgeError, match="search.json"):
         blockforge.open_search(tmp_path / "qs")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """The quickstart driven to its end once for the module; tests damage copies of it (copy_of)."""
+    where = tmp_path_factory.mktemp("finished")
+    quickstart(where / "qs", where / "node")
+    return where / "qs"
+
+
+def copy_of(finished: Path, to: Path) -> Path:
+    shutil.copytree(finished, to)
+    return to
+
+
+def opened(folder: Path, capsys) -> tuple[blockforge.Search, str]:
+    search = blockforge.open_search(folder)
+    return search, capsys.readouterr().err
+
+
+def test_a_view_never_shows_lost_records_as_an_empty_answer(finished, tmp_path, capsys):
+    """A ledger of which nothing can be read, in a search that ran trials, is one sentence; a copy missing or damaged while
+    the other holds the records is one warning; runs whose curves are gone are one warning, once per view, and curves()
+    of nothing readable one sentence."""
+    # both copies of the ledger gone, or every line of both damaged: refused, naming what is there
+    for name, damage in (("gone", lambda path: path.unlink()), ("damaged", lambda path: path.write_text("not a record\n{}\n"))):
+        folder = copy_of(finished, tmp_path / name)
+        for copy in ("trials.jsonl", "trials.backup.jsonl"):
+            damage(folder / copy)
+        with pytest.raises(BlockforgeError, match=rf"{folder}: no trial record can be read: .*trials.backup.jsonl .*, while trials/ "
+                                                  r"and results.csv and summary.md show that it ran trials; restore trials.jsonl"):
+            blockforge.open_search(folder)
+    # one copy gone: one warning, every trial read from the other
+    for gone, says in (("trials.jsonl", "reads those trials from trials.backup.jsonl, and resuming the search repairs"),
+                       ("trials.backup.jsonl", "reads the trials from trials.jsonl alone")):
+        folder = copy_of(finished, tmp_path / f"no-{gone}")
+        (folder / gone).unlink()
+        search, err = opened(folder, capsys)
+        assert len(search.results()) == 33 and err.count("\n") == 1 and f"{gone} is missing; this view {says}" in err, err
+    # a search in a storage: its records since the last fold are segments; both copies lost since is said
+    folder = copy_of(finished, tmp_path / "folded")
+    (folder / "trials.segments").mkdir()
+    for number, line in enumerate((folder / "trials.jsonl").read_text().splitlines()[-4:]):
+        (folder / "trials.segments" / f"{number}.jsonl").write_text(line + "\n")
+    for copy in ("trials.jsonl", "trials.backup.jsonl"):
+        (folder / copy).unlink()
+    search, err = opened(folder, capsys)
+    assert 0 < len(search.records) <= 4 and err.count("\n") == 1
+    assert "trials.jsonl is missing and trials.backup.jsonl is missing: trials recorded only there are missing from this view" in err
+    # a search that has not recorded a trial: an empty view, said
+    folder = tmp_path / "started"
+    folder.mkdir()
+    shutil.copyfile(finished / MARKER, folder / MARKER)
+    search, err = opened(folder, capsys)
+    assert search.results().empty and err.count("\n") == 1 and "no trial is recorded yet" in err
+
+    # runs lost: cells() and curves() warn once for each, curves() of nothing readable is one sentence
+    folder = copy_of(finished, tmp_path / "runs")
+    lost = sorted((folder / "trials" / "depth=8").iterdir())
+    shutil.rmtree(lost[0])
+    (lost[1] / "metrics.jsonl").unlink()
+    (lost[2] / "metrics.jsonl").write_text("")
+    search, _ = opened(folder, capsys)
+    cells = search.cells()
+    assert capsys.readouterr().err.count("the curves of 2 trained run(s) are gone") == 1
+    assert cells["depth=4"].rungs == blockforge.open_search(finished).cells()["depth=4"].rungs
+    search.curves()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the curves of 1 trained run(s) are gone (trials/depth=8/{lost[2].name}/metrics.jsonl holds no evaluation)" in err
+    assert len(search.curves("depth=4")) and not capsys.readouterr().err
+    shutil.rmtree(folder / "trials")
+    with pytest.raises(BlockforgeError, match=r"no curve of the 33 trained run\(s\) asked for can be read \(trials/depth=\d+/\w+/ is gone; .*"
+                                              r"and 30 more\); restore the run folders"):
+        blockforge.open_search(folder).curves()
+
+
+def test_a_wrong_type_given_to_the_python_api_is_one_sentence(finished, tmp_path, monkeypatch):
+    """Every public call of the view and run_search refuses an argument of the wrong type (or value) in one sentence naming
+    the call and the argument, before anything starts."""
+    import blockforge.search.driver as driver
+
+    monkeypatch.setattr(driver, "run_search", lambda *a, **k: pytest.fail("a search started"))
+    search, file = blockforge.open_search(finished), ROOT / "searches" / "quickstart.yaml"
+    calls = [
+        (lambda: blockforge.open_search(3), r"open_search: where=3 is an int; give a search's folder or URI"),
+        (lambda: blockforge.open_search(None), r"open_search: where=None is None"),
+        (lambda: search.cell(["depth=8"]), r"cell= \['depth=8'\]: a cell is named by its keys"),
+        (lambda: search.best(8), r"cell= 8: a cell is named by its keys"),
+        (lambda: search.curves(True), r"trial= True: a trial is its number in its cell"),
+        (lambda: search.curves(cell=8.0), r"cell= 8.0: a cell is named"),
+        (lambda: search.export("depth=8", tmp_path / "e", foo=1), r"export: foo= is not an option of export; known keys here: dtype"),
+        (lambda: search.export("depth=8", None), r"export: out=None is None; give the export's folder"),
+        (lambda: search.export({"depth": 8}, tmp_path / "e", format=3), r"export: format=3 is an int; give one of: blockforge, hf"),
+        (lambda: search.export("depth=8", tmp_path / "e", format="onnx"), r"export: format='onnx': unknown value 'onnx'"),
+        (lambda: search.export("depth=8", tmp_path / "e", format="hf", dtype=16), r"export: dtype=16 is an int; give the weights' precision"),
+        (lambda: search.export("depth=8", tmp_path / "e", format="hf", target="vlm"), r"export: target='vlm': unknown value 'vlm' .did you mean 'vllm'"),
+        (lambda: search.export("depth=8", tmp_path / "e", pick="0"), r"export: pick='0' is a str; give a front point's number"),
+        (lambda: search.export("depth=8", tmp_path / "e", retrain="yes"), r"export: retrain='yes' is a str; give True or False"),
+        (lambda: search.export(8, tmp_path / "e"), r"cell= 8: a cell is named by its keys"),
+        (lambda: blockforge.run_search(None), r"run_search: file=None is None; give the search file's path"),
+        (lambda: blockforge.run_search(file, out=5), r"run_search: out=5 is an int"),
+        (lambda: blockforge.run_search(file, overrides="train.lr=0.01"), r"run_search: overrides='train.lr=0.01' is a str; give a dict"),
+        (lambda: blockforge.run_search(file, overrides=[("train.lr", 0.01)]), r"run_search: overrides=\[\('train.lr', 0.01\)\] is a list"),
+        (lambda: blockforge.run_search(file, overrides={3: 1}), r"run_search: overrides has the key 3; its keys are dotted keys as strings"),
+        (lambda: blockforge.run_search(file, max_concurrent="2"), r"run_search: max_concurrent='2' is a str; give a whole number"),
+        (lambda: blockforge.run_search(file, max_concurrent=True), r"run_search: max_concurrent=True is a bool"),
+        (lambda: blockforge.run_search(file, max_concurrent=0), r"run_search: max_concurrent=0: give at least 1"),
+        (lambda: blockforge.run_search(file, resume=1), r"run_search: resume=1 is an int; give True, False or 'auto'"),
+        (lambda: blockforge.run_search(file, resume="yes"), r"run_search: resume='yes': give True .* or 'auto'"),
+        (lambda: blockforge.run_search(file, address=6379), r"run_search: address=6379 is an int; give a Ray cluster's address as a string"),
+    ]
+    for call, says in calls:
+        with pytest.raises(BlockforgeError, match=says):
+            call()
 
 
 def tiny(tmp_path: Path) -> Path:
