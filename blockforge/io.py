@@ -123,6 +123,22 @@ def pyplot():
     return plt
 
 
+def figure(rows: int = 1, columns: int = 1, **kwargs):
+    """A matplotlib figure and its axes (`Figure.subplots` takes the rest of the arguments; `figsize` the figure's), made
+    without pyplot: no backend is chosen for the process, so a notebook shows the figure inline and a report writes it."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    return fig, fig.subplots(rows, columns, **kwargs)
+
+
+def saved(fig, path: str | os.PathLike | None, dpi: int = 110):
+    """`fig` written as a PNG to `path` (when given); the figure itself, for a caller that shows it."""
+    if path is not None:
+        save_png(fig, path, dpi=dpi)
+    return fig
+
+
 def save_png(figure, path: str | os.PathLike, dpi: int = 120) -> None:
     """A matplotlib figure written as a PNG atomically (the temporary name has no .png suffix, so the format is named)."""
     atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=dpi))

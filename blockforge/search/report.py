@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.io import atomic_write_json, atomic_write_text, pyplot, save_png
+from blockforge.io import atomic_write_json, atomic_write_text, figure, saved
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
 from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, paired_difference, verdict
 from blockforge.search.findings import Findings
@@ -95,13 +95,12 @@ def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
     return markdown_table(headers, rows)
 
 
-def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path) -> None:
-    plt = pyplot()
+def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path | None = None):
 
     cells = plan.cell_names()
     columns = min(3, len(cells))
     rows = -(-len(cells) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
+    fig, axes = figure(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
     style = {Status.COMPLETED: ("o", "tab:blue"), Status.PRUNED: ("x", "tab:gray"), Status.DIVERGED: ("v", "tab:red")}
     for ax, cell in zip(axes.flat, cells):
         for status, (marker, color) in style.items():
@@ -130,17 +129,15 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
     pruned = any(r.status == Status.PRUNED and r.cell in cells for r in records)
     fig.suptitle(f"{plan.name}: {plan.metric} vs alpha per cell" + (" (pruned points are partial)" if pruned else ""))
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)
 
 
-def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path) -> None:
-    plt = pyplot()
+def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path | None = None):
     import numpy as np
 
     from blockforge.search.law import LAWS
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figure(figsize=(6, 4))
     widths = sorted({p["width"] for p in points})
     depths = np.array(sorted({p["depth"] for p in points}), dtype=float)
     for width in widths:
@@ -167,8 +164,7 @@ def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)
 
 
 def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder: Path) -> None:
@@ -259,16 +255,15 @@ def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
     return "\n".join(parts), lines
 
 
-def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
+def plot_fronts(plan: SearchPlan, fronts: dict, path: Path | None = None):
     """Per cell and cost: quality (mean with its 95% t interval over seeds) against the cost; front points filled."""
-    plt = pyplot()
 
     from blockforge.search.evidence import t_quantile
 
     cells, names = list(fronts), [c for c, _ in plan.costs]
     # front points are labelled with their number (the table's, and what `export --pick` takes), listed under the plots
     key = [f"{cell}: " + "; ".join(f"{i} = {describe(p.candidate)}" for i, p in enumerate(fronts[cell].front())) for cell in cells]
-    fig, axes = plt.subplots(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells) + 0.3 * len(key)), squeeze=False)
+    fig, axes = figure(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells) + 0.3 * len(key)), squeeze=False)
     for r, cell in enumerate(cells):
         numbers = {id(p): i for i, p in enumerate(fronts[cell].front())}
         for c, cost in enumerate(names):
@@ -288,17 +283,15 @@ def plot_fronts(plan: SearchPlan, fronts: dict, path: Path) -> None:
     fig.suptitle(f"{plan.name}: {plan.metric} against each cost (filled: on the front; bars: 95% over seeds)", fontsize=10)
     fig.text(0.01, 0.01, "\n".join(key), fontsize=7, va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.3 * len(key) / fig.get_figheight() + 0.02, 1, 1))
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)
 
 
-def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
+def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path | None = None):
     """Per cell with a learning-rate check: the winner and Pre-LN over the grid (each seed a dot, the line their mean
     over the seeds every learning rate shares), the shared learning rate dashed and each one's best ringed."""
-    plt = pyplot()
 
     cells = list(checks)
-    fig, axes = plt.subplots(1, len(cells), figsize=(max(6.4, 4.8 * len(cells)), 3.8), squeeze=False)
+    fig, axes = figure(1, len(cells), figsize=(max(6.4, 4.8 * len(cells)), 3.8), squeeze=False)
     for ax, cell in zip(axes[0], cells):
         check = checks[cell]
         for curve, color in ((check.candidate, "tab:blue"), (check.reference, "tab:gray")):
@@ -321,8 +314,7 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"{plan.name}: {plan.metric} against the learning rate (ringed: each one's best)", fontsize=10)
     fig.tight_layout()
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)
 
 
 def gap_text(gaps: list[tuple[int, float, float, float]]) -> str:
@@ -331,15 +323,14 @@ def gap_text(gaps: list[tuple[int, float, float, float]]) -> str:
     return ", ".join(f"{gaps[i][1]:+.3g} at step {gaps[i][0]}" for i in picks)
 
 
-def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps: dict, path: Path) -> None:
+def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps: dict, path: Path | None = None):
     """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
     Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
     is read off the lower row."""
     from blockforge.search.transfer import seed_curves
 
-    plt = pyplot()
     targets = [t for t in plan.target_names() if evidence[t].candidates]
-    fig, axes = plt.subplots(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
+    fig, axes = figure(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
     for col, target in enumerate(targets):
         top, bottom = axes[0][col], axes[1][col]
         e, colors = evidence[target], {}
@@ -366,8 +357,7 @@ def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps
         bottom.grid(alpha=0.3)
     fig.suptitle(f"{plan.name}: the transfer targets' curves (band: the seeds' range)", fontsize=10)
     fig.tight_layout()
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)
 
 
 def compute_section(found: Findings) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blockforge.io import pyplot, save_png
+from blockforge.io import figure, saved
 from blockforge.search.findings import Findings
 from blockforge.tables import markdown_table
 from blockforge.train.stability import RULE, Rule
@@ -93,14 +93,13 @@ def stability_data(found: Findings) -> dict:
     return {"rule": RULE.__dict__, "cells": cells, "laws": laws, "predictions": predictions}
 
 
-def plot_stability(found: Findings, path: Path) -> None:
+def plot_stability(found: Findings, path: Path | None = None):
     """The largest stable learning rate against depth, per kind of candidate and warm-up (bars: 95% over seeds), with the
     search's learning rate dashed and each law drawn where one was fitted."""
     import numpy as np
 
     from blockforge.search.stability_law import kind_of
 
-    plt = pyplot()
     plan = found.plan
     series: dict[tuple[str, float, int], list[tuple[int, float, float, float]]] = {}
     shared = set()
@@ -116,7 +115,7 @@ def plot_stability(found: Findings, path: Path) -> None:
             for kind in kind_of(c, model.depth, winner.model if winner else None) or [c.name]:
                 low, high = c.low or c.largest, c.high or c.largest
                 series.setdefault((kind, c.warmup, model.width), []).append((model.depth, c.largest, low, high))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = figure(figsize=(6.4, 4.2))
     for (kind, warmup, width), points in sorted(series.items()):
         points.sort()
         depth, mid, low, high = (np.array(v, dtype=float) for v in zip(*points))
@@ -137,5 +136,4 @@ def plot_stability(found: Findings, path: Path) -> None:
     if series:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    save_png(fig, path, dpi=110)
-    plt.close(fig)
+    return saved(fig, path)

@@ -256,14 +256,15 @@ def test_summary_the_python_view_and_the_trackers_table_say_the_same(tmp_path, m
     records = Ledger(folder / "trials.jsonl").records()
     found = Findings.of(plan, records)
     write_reports(folder, plan, Ledger(folder / "trials.jsonl"), found=found)
-    SearchTracking(plan, SearchStore(Storage.open(folder))).finish(records, found)
+    tracking = SearchTracking(plan, SearchStore(Storage.open(folder)))
+    tracking.finish(records, found)
 
     view = blockforge.open_search(folder)
     summary = (folder / "summary.md").read_text()
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    parent = next(r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id]) if r.info.run_name == "tiny")
+    parent = next(r for r in client.search_runs([client.get_experiment_by_name(tracking.group).experiment_id]) if r.info.run_name == tracking.group)
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "answers.json", str(tmp_path / "dl"))).read_text())
     assert table["columns"] == ANSWER_COLUMNS + STABILITY_COLUMNS
     for row in table["data"]:
