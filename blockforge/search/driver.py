@@ -67,13 +67,25 @@ class ProgressView:
         head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
         from blockforge.search.evidence import describe
 
+        from blockforge.search.progress import quick_progress
+
         parts = []
         for cell, e in self._evidence(records).items():
             if e.winner is not None:
                 against = f"; vs Pre-LN {e.vs_reference.text()}: {e.verdict}" if e.against_pre_ln and e.vs_reference and e.verdict != "Pre-LN" else ""
                 rung = self._rung_line(cell, records)
-                parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else ""))
+                said = quick_progress(self.plan, records, cell, e, self._planned().get(cell, 0))
+                status = f" ({said.text()})" if not said.final else ""
+                parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else "") + status)
         return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
+
+    def _planned(self) -> dict[str, int]:
+        """Each cell's worst case in trials (the compute plan's), computed once."""
+        if getattr(self, "planned", None) is None:
+            from blockforge.search.plan import search_plan
+
+            self.planned = {c.cell: c.total_trials for c in search_plan(self.plan)}
+        return self.planned
 
     def _rung_line(self, name: str, records: list[TrialRecord]) -> str:
         """'rung 50: tau +0.33, 2 of 12 pairs cross (up to 0.021), 1 promoted': the cell's first rung against its

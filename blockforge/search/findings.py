@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from blockforge.search.config import SearchPlan
 from blockforge.search.evidence import Candidate, CellEvidence, Difference, evidence_by_cell
 from blockforge.search.ledger import TrialRecord
+from blockforge.search.progress import Progress, progress
 
 if TYPE_CHECKING:
     from blockforge.search.law import BootstrapReport, LawReport, LawWindow
@@ -51,6 +52,12 @@ class CellAnswer:
     front: Front | None = None  # with a cost axis: quality against cost
     prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
     outcome: TargetOutcome | None = None  # ... and whether it held
+    progress: Progress | None = None  # whether the answer is final, or provisional (trials trained, running, stages pending)
+
+    @property
+    def provisional(self) -> bool:
+        """Whether the answer may still change: a trial of the cell runs (or was stopped), or a stage has not given its part."""
+        return self.progress is not None and not self.progress.final
 
     @classmethod
     def of(cls, found: "Findings", name: str) -> "CellAnswer":
@@ -61,7 +68,8 @@ class CellAnswer:
                    raced_out=dict(found.races.get(name, {})),
                    promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
                    lr=found.lr_checks.get(name), length=found.lengths.get(name), stability=found.stability.get(name), rungs=found.rungs.get(name),
-                   front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name))
+                   front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name),
+                   progress=progress(found, name))
 
 
 @dataclass

@@ -19,6 +19,7 @@ from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe
 from blockforge.search.findings import Findings
 from blockforge.search.law import BootstrapReport, LawReport, alpha_range, decided_law
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.progress import progress
 from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
@@ -476,9 +477,11 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     evidence = found.evidence
     headers, rows = cell_rows(plan, records, evidence, found)
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
+    provisional = [f"{cell}: {said.text()}" for cell in plan.all_names() if not (said := progress(found, cell)).final]
     lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
     pareto_markdown, pareto_lines = _pareto_markdown(plan, found)
-    sections = {"table": markdown_table(headers, rows), "claims": claims, "lr": lr_lines, "views": _views_text(plan, plots, search_dir, location, tensorboard),
+    sections = {"table": markdown_table(headers, rows), "claims": claims, "provisional": provisional, "lr": lr_lines,
+                "views": _views_text(plan, plots, search_dir, location, tensorboard),
                 "pareto": pareto_markdown, "transfer": _transfer_markdown(plan, transfer_markdown)}
     atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
     verdict_line = found.law_verdict
@@ -487,7 +490,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
     from blockforge.search.stability_report import stability_lines
 
-    return (console + "\n\n" + "\n".join(claims + pareto_lines + lr_lines + stability_lines(found) + advice)
+    return (console + "\n\n" + "\n".join(claims + provisional + pareto_lines + lr_lines + stability_lines(found) + advice)
             + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
 
@@ -536,6 +539,14 @@ def _write_plots(search_dir: Path, plan: SearchPlan, records: list, found: Findi
             draw(search_dir / name)
             drawn.append(name)
     return drawn
+
+
+def _provisional_text(lines: list[str]) -> str:
+    """summary.md's note of the cells whose answers may still change (empty when every answer is final)."""
+    if not lines:
+        return ""
+    return ("\nProvisional answers (a trial runs or was stopped, or a stage has not finished; `--resume` continues the search):\n\n"
+            + "\n".join("- " + line for line in lines) + "\n")
 
 
 def _plot_stability(found: Findings, path: Path) -> None:
@@ -594,7 +605,7 @@ Intervals: {METHOD} over the training seeds two models share (candidates trained
 {sections["table"]}
 
 {chr(10).join('- ' + c for c in sections["claims"])}
-
+{_provisional_text(sections["provisional"])}
 What each answer rests on:
 
 {chr(10).join('- ' + line for line in basis_section(found))}

@@ -42,3 +42,23 @@ def test_results_keep_the_search_files_order_of_cells(tmp_path):
     cells = list(dict.fromkeys(table["cell"]))
     assert cells == ["depth=4", "depth=8", "depth=12"]  # as the search file lists them, not as text sorts them
     assert list(table[table["cell"] == "depth=8"]["trial"]) == sorted(table[table["cell"] == "depth=8"]["trial"])
+
+
+def test_a_running_searchs_answers_are_provisional_and_a_finished_ones_final(tmp_path):
+    import blockforge
+
+    _, store = quickstart(tmp_path / "running", tmp_path / "node", stop_after=lambda handed: len(handed) >= 12)
+    running = blockforge.open_search(store.local)
+    answers = running.cells()
+    assert all(a.provisional for a in answers.values())
+    said = answers["depth=4"].progress
+    assert said.running == 1 or said.pending  # one trial left running, somewhere in the search
+    assert any(a.progress.running for a in answers.values())
+    text = (store.local / "summary.md").read_text()
+    assert "Provisional answers" in text and f"- depth=4: {said.text()}" in text and said.text().startswith("provisional: ")
+    assert f"of at most {said.planned} trials trained" in said.text()
+
+    _, store = quickstart(tmp_path / "done", tmp_path / "node")
+    finished = blockforge.open_search(store.local).cells()
+    assert not any(a.provisional for a in finished.values()) and all(a.progress.text() == "final" for a in finished.values())
+    assert "Provisional answers" not in (store.local / "summary.md").read_text()
