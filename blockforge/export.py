@@ -76,8 +76,44 @@ def tokenizer_folder(folder: Path) -> Path:
     return folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder
 
 
+# What a saved tokenizer encodes with: tokenizer.json (blockforge's BPE and every fast tokenizer), or a slow one's files.
+VOCABULARIES = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
+TOKENIZER_FIX = "copy it back from the run or model folder this one was written from, or export the model again"
+
+
+def check_tokenizer(folder: Path) -> None:
+    """A saved tokenizer (its tokenizer_config.json in `folder`) refused in one sentence naming its missing vocabulary
+    file, before transformers says so in several lines that name none."""
+    if any(all((folder / name).is_file() for name in names) for names in VOCABULARIES):
+        return
+    begun = next((names for names in VOCABULARIES if any((folder / name).is_file() for name in names)), VOCABULARIES[0])
+    missing = next(name for name in begun if not (folder / name).is_file())
+    raise CorruptFolderError(f"{folder / missing}: is missing, and the tokenizer saved beside it (tokenizer_config.json) cannot "
+                             f"encode text without it; {TOKENIZER_FIX}")
+
+
+def read_tokenizer(folder: Path):
+    """The tokenizer a run or export folder keeps (blockforge.data.Tokenizer). A file of it missing or damaged is one
+    sentence naming the file; anything else transformers cannot read, its own words on one line."""
+    from blockforge.data.tokenizer import load_tokenizer
+    from blockforge.errors import DataError
+    from blockforge.families.llama_hf import TOKENIZER_FILES
+
+    where = tokenizer_folder(folder)
+    if (where / "tokenizer_config.json").is_file():
+        check_tokenizer(where)
+    try:
+        return load_tokenizer(where)
+    except DataError as err:
+        for name in TOKENIZER_FILES:  # a damaged JSON file is named (transformers gives only a line and column)
+            if name.endswith(".json") and (where / name).is_file():
+                read_json(where / name, TOKENIZER_FIX)
+        raise DataError(" ".join(str(err).split())) from None
+
+
 def _with_tokenizer(model: nn.Module, tokenizer: Path) -> nn.Module:
     if (tokenizer / "tokenizer_config.json").is_file():
+        check_tokenizer(tokenizer)
         model.tokenizer_dir = tokenizer  # its token ids go with the model into other libraries (to_hf_llama)
     return model
 

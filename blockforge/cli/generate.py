@@ -30,9 +30,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from blockforge.data import load_tokenizer
     from blockforge.errors import BlockforgeError
-    from blockforge.export import load, tokenizer_folder
+    from blockforge.export import load, read_tokenizer
     from blockforge.families.conversion import read_generation
     from blockforge.families.hf_export import blockforge_bpe, packed
     from blockforge.nn.generate import check_sampling
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(folder, device=device)
     if not hasattr(model, "generate"):
         raise BlockforgeError(f"{folder}: a {model.spec.family} model does not generate text; give a language model's folder")
-    tokenizer = load_tokenizer(tokenizer_folder(folder))
+    tokenizer = read_tokenizer(folder)
     settings = read_generation(folder)  # a converted model's, or a transformers export's
     temperature, top_k, top_p = sampling(args, settings)
     if blockforge_bpe(folder, tokenizer.hf) and packed(folder):

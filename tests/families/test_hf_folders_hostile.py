@@ -65,6 +65,24 @@ def test_a_config_edited_after_export_is_refused(exported, capsys):
     refused(exported, r"config\.json.* (differs from|says something other than) the blockforge_spec it carries .*rope", capsys)
 
 
+def test_a_tokenizer_file_missing_or_damaged_is_named_with_its_fix(model_folder, tmp_path, capsys):
+    """The tokenizer's vocabulary (tokenizer.json) deleted: load and generate name it, not transformers' lines on what it
+    could not instantiate; a tokenizer file cut short: generate names the file, not a line and column of no file. (One
+    form: both ship the same tokenizer.)"""
+    exported = export_run(model_folder(FORMS["LlamaForCausalLM"]), tmp_path / "hf", format="hf")
+    vocabulary = exported / "tokenizer.json"
+    kept = vocabulary.read_bytes()
+    vocabulary.unlink()
+    refused(exported, rf"{vocabulary}: is missing, and the tokenizer saved beside it \(tokenizer_config.json\) cannot encode text "
+                      "without it; copy it back from the run or model folder this one was written from, or export the model again", capsys)
+    for damaged in (vocabulary, exported / "tokenizer_config.json"):
+        vocabulary.write_bytes(kept)
+        damaged.write_bytes(damaged.read_bytes()[:100])
+        assert main(["generate", str(exported), "--prompt", "The", "--max-new-tokens", "2"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1 and f"{damaged}: is not valid JSON" in captured.err, captured.err
+
+
 def test_an_untouched_export_loads_and_computes_what_it_did(exported):
     tokens = torch.randint(0, 300, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
