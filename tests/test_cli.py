@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from blockforge.cli import main
 
 
@@ -48,3 +50,62 @@ def test_inspect_says_when_training_needs_more_memory_than_the_machine_has(capsy
     assert "memory       training needs" in out and "more than the" in out
     assert main(["inspect", "recipes/llama-tiny-mix.yaml"]) == 0
     assert "memory       training needs" not in capsys.readouterr().out
+
+
+@pytest.fixture
+def language_model(tmp_path):
+    """A model folder blockforge generate reads: the tiny llama (context 32) with seeded weights and a small BPE."""
+    import blockforge
+    from blockforge.data.tokenizer import train_bpe, wrap_bpe
+    from blockforge.spec.serialize import save_spec
+    from blockforge.train.checkpoint import save_weights
+    from tiny_data import tiny_llama, write_corpus
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = blockforge.build_model(tiny_llama(depth=2), seed=0)
+    save_weights(model, folder / "model.safetensors")
+    save_spec(model.spec, folder / "spec.yaml")
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=60)
+    wrap_bpe(train_bpe(corpus.read_text().split("\n\n"), 300), "bpe-300").save(folder / "tokenizer")
+    return folder
+
+
+def test_generate_s_default_count_is_what_the_context_holds_and_says_it_right(language_model, capsys, monkeypatch):
+    """Without --max-new-tokens, a short context's share: its context less the prompt's tokens, plus the last new token
+    (chosen, never run through the model), said with that arithmetic; one more is refused by the model."""
+    import re
+
+    import torch
+
+    from blockforge.errors import BlockforgeError
+    from blockforge.nn.llama import Llama
+
+    asked = []
+    real = Llama.generate
+    monkeypatch.setattr(Llama, "generate", lambda self, tokens, n, **kw: asked.append((self, tokens, n)) or real(self, tokens, n, **kw))
+    assert main(["generate", str(language_model), "--prompt", "the model layer norm", "--temperature", "0"]) == 0
+    said = re.search(r"generating (\d+) new tokens \(the model's context of 32 less the prompt's (\d+), plus the last new token, "
+                     r"which never runs through the model\); --max-new-tokens sets it", capsys.readouterr().err)
+    new, prompt = int(said[1]), int(said[2])
+    (model, tokens, n), = asked
+    assert n == new == 32 - prompt + 1 and tokens.shape == (1, prompt)
+    with pytest.raises(BlockforgeError, match="passes the model's context of 32"):
+        real(model, tokens, new + 1)
+    assert torch.equal(real(model, tokens, new, temperature=0)[:, :prompt], tokens)
+
+
+def test_generate_refuses_a_prompt_that_is_not_text_in_one_sentence(language_model, capsys):
+    """Bytes that are not UTF-8 (Python's argv holds them as lone surrogates), or a prompt that encodes to no token,
+    are one sentence before anything is generated."""
+    import json
+    import os
+
+    assert main(["generate", str(language_model), "--prompt", os.fsdecode(b"caf\xe9 au lait")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ("blockforge: error: --prompt: byte 0xe9 (character 4) is not UTF-8 text; give the "
+                                                   "prompt in UTF-8 (a file of another encoding: iconv -t UTF-8 FILE)\n")
+    (language_model / "data.json").write_text(json.dumps({"pack": False}))  # no end-of-text token before the prompt
+    assert main(["generate", str(language_model), "--prompt", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prompt '': encodes to no token" in err

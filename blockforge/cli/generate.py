@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("dir", help="a run folder, an exported model folder (with its tokenizer/) or a folder `export --format hf` wrote; a local path or a URI")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
-                   help="default: 64, or what the model's context leaves after the prompt when that is fewer (said on stderr)")
+                   help="default: 64, or fewer where the model's context ends first: its context less the prompt's tokens, plus "
+                        "one (the last new token never runs through the model); said on stderr")
     p.add_argument("--temperature", type=float, default=None,
                    help="0: greedy (default: the model's generation config, e.g. a converted model's sampling defaults, else 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="default: the model's generation config, else none")
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         check_sampling(0.8 if args.temperature is None else args.temperature, args.top_k, args.top_p)
     except BlockforgeError as e:
         raise BlockforgeError(f"--{str(e).replace('_', '-', 1)}") from None
+    check_prompt(args.prompt)
     from blockforge.storage import Storage, fetch_folder, is_uri
 
     folder = fetch_folder(Storage.open(args.dir)) if is_uri(args.dir) else Path(args.dir)  # a URI's: a local copy, kept up to date
@@ -56,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
     else:  # any other tokenizer: as it encodes a prompt itself (a bos where it adds one)
         ids = tokenizer.hf(args.prompt)["input_ids"]
+    if not ids:
+        raise BlockforgeError(f"--prompt {args.prompt!r}: encodes to no token, and this model's tokenizer adds none before it; give "
+                              "some text to continue")
     stops = settings.get("eos_token_id", tokenizer.eos_id)
     stops = [int(i) for i in stops] if isinstance(stops, list) else [int(stops)]
     new: list[int] = []
@@ -81,12 +86,26 @@ def run(args: argparse.Namespace) -> int:
             raise BlockforgeError(f"--prompt: {len(ids)} tokens fill the model's context of {model.spec.context}; shorten the prompt")
         if new_tokens < DEFAULT_NEW_TOKENS:
             print(f"blockforge: generating {new_tokens} new tokens (the model's context of {model.spec.context} less the prompt's "
-                  f"{len(ids)}); --max-new-tokens sets it", file=sys.stderr)
+                  f"{len(ids)}, plus the last new token, which never runs through the model); --max-new-tokens sets it", file=sys.stderr)
     sys.stdout.write(args.prompt)
     model.generate(torch.tensor([ids], device=device), new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=args.seed, eos_id=stops, on_token=stream)
     sys.stdout.write("\n")
     return 0
+
+
+def check_prompt(prompt: str) -> None:
+    """--prompt refused in one sentence when it is not text: bytes that are not UTF-8 (a terminal set to another
+    encoding, a file of another encoding given as $(cat FILE)) reach Python as lone surrogates no tokenizer encodes."""
+    from blockforge.errors import BlockforgeError
+
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(prompt[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"  # a byte as the shell gave it
+        raise BlockforgeError(f"--prompt: {what} (character {err.start + 1}) is not UTF-8 text; give the prompt in UTF-8 (a file "
+                              "of another encoding: iconv -t UTF-8 FILE)") from None
 
 
 def sampling(args: argparse.Namespace, settings: dict) -> tuple[float, int | None, float | None]:
