@@ -35,6 +35,9 @@ def ensure_ray(address: str | None) -> bool:
         os.environ["BLOCKFORGE_CACHE"] = os.path.abspath(os.path.expanduser(os.environ["BLOCKFORGE_CACHE"]))
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # snapshot state often: a killed driver loses less
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune warns of any of its steps slower than half a second (a callback writing the live view's files): noise to a search's
+    # user, who can change none of it; only a step slower than a minute is said
+    os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "60")
     # Tune's per-trial result files (json, csv, TensorBoard): the ledger and each run folder's metrics hold it all.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     ray = _import_ray()

@@ -20,10 +20,12 @@ sentence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import reprlib
 import signal
+import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ from blockforge.train.events import Status
 
 if TYPE_CHECKING:
     import pandas
+
+    from blockforge.search.display import Cells
 
     from blockforge.search.findings import Findings
     from blockforge.search.law import BootstrapReport, LawFit, LawReport
@@ -60,7 +64,7 @@ _RECORD_DTYPES = {name: _dtype(hint) for name, hint in typing.get_type_hints(Tri
 _RECORD_DTYPES["overrides"] = "string"  # as results.csv writes it: JSON
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LawAnswer:
     """The alpha laws fitted to the cells' winners (k/L), and their bootstrap over seed resamples."""
 
@@ -70,6 +74,16 @@ class LawAnswer:
     verdict: str  # the sentence summary.md writes
     decided: LawFit | None  # the law the verdict names; None where the data cannot decide
     stability: "StabilityLaw | None" = None  # confirm.stability: the largest stable lr across cells, per kind, and its predictions
+
+    def __repr__(self) -> str:
+        from blockforge.search.display import law_text
+
+        return law_text(self)
+
+    def _repr_html_(self) -> str:
+        from blockforge.search.display import law_html
+
+        return law_html(self)
 
 
 class Search:
@@ -82,7 +96,14 @@ class Search:
         self._said: set[str] = set()  # run folders whose lost curves this view has warned of
 
     def __repr__(self) -> str:
-        return f"<blockforge search {self.plan.name!r} at {self.where}: {len(self.records)} trials>"
+        from blockforge.search.display import search_text
+
+        return search_text(self)
+
+    def _repr_html_(self) -> str:
+        from blockforge.search.display import search_html
+
+        return search_html(self)
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -160,9 +181,12 @@ class Search:
         typed = {c: _RECORD_DTYPES.get(c, "Float64" if c in costs else None) for c in columns}
         return table.astype({c: t for c, t in typed.items() if t}).convert_dtypes()
 
-    def cells(self) -> dict[str, CellAnswer]:
-        """Every cell's answer by name: the proxy cells, then the transfer targets."""
-        return dict(self._answers)
+    def cells(self) -> "Cells":
+        """Every cell's answer by name, in the search file's order (the transfer targets after the proxy cells): a dict
+        whose keys complete in IPython and which a notebook shows as one table."""
+        from blockforge.search.display import Cells
+
+        return Cells(self._answers)
 
     @cached_property
     def _answers(self) -> dict[str, CellAnswer]:
@@ -214,10 +238,14 @@ class Search:
 
     def curves(self, trial: int | str | None = None, cell: str | None = None) -> "pandas.DataFrame":
         """The evaluations (step, then each metric) of one trial (`trial` of `cell`, or of the only cell), of every trial of
-        `cell` (`curves("depth=8")` too), or of the whole search: one row per evaluation, with its cell, trial, seed and stage."""
+        `cell` (`curves("depth=8")` too), or of the whole search: one row per evaluation, with its cell, trial, seed, stage, model,
+        alpha, k (post_ln_layers) and searched values (results()' columns), so curves group by candidate without a join."""
         import pandas
 
         from blockforge.search.runs import evaluations
+        from blockforge.search.views import key_columns
+
+        keys = key_columns(self.plan)
 
         if isinstance(trial, str) and cell is None:  # a cell's name in the first place
             trial, cell = None, trial
@@ -233,8 +261,10 @@ class Search:
         rows, lost = [], {}
         for record in chosen:
             found = evaluations(record.run_dir)
-            rows += [{"cell": record.cell, "trial": record.trial, "seed": record.seed, "stage": record.stage, "step": step, **metrics}
-                     for step, metrics in found]
+            values = {**self.plan.cell(record.cell), **record.overrides}
+            about = {"cell": record.cell, "trial": record.trial, "seed": record.seed, "stage": record.stage, "model": record.model,
+                     "alpha": record.alpha, "post_ln_layers": record.post_ln_layers, **{name: values.get(key) for key, name in keys.items()}}
+            rows += [{**about, "step": step, **metrics} for step, metrics in found]
             gone = _lost_curve(record, self.folder, read=bool(found))
             if gone:
                 lost[record.run_dir] = gone
@@ -242,7 +272,21 @@ class Search:
             raise BlockforgeError(f"{self.where}: no curve of the {len(lost)} trained run(s) asked for can be read ({_some(list(lost.values()))}); "
                                   "restore the run folders from a copy of the search folder, or read results() for their final values")
         self._say_lost(lost)
-        return pandas.DataFrame(rows, columns=None if rows else ["cell", "trial", "seed", "stage", "step"]).convert_dtypes()
+        empty = ["cell", "trial", "seed", "stage", "model", "alpha", "post_ln_layers", *keys.values(), "step"]
+        return pandas.DataFrame(rows, columns=None if rows else empty).convert_dtypes()
+
+    PLOTS = ("metric_vs_alpha", "best_alpha_vs_depth", "pareto", "lr_check", "transfer_curves", "stability_vs_depth")
+
+    def plot(self, which: str = "metric_vs_alpha"):
+        """One of the plots the search writes (its PNG's name without .png), as a matplotlib figure: metric_vs_alpha,
+        best_alpha_vs_depth, pareto, lr_check, transfer_curves or stability_vs_depth; a cell's curves: cell(...).plot()."""
+        from blockforge.search.report import figures_of
+
+        _chosen("plot", "which", which, self.PLOTS)
+        drawn = figures_of(self.findings)
+        if which not in drawn:
+            raise BlockforgeError(f"plot: this search has no {which} plot (it draws: {', '.join(drawn) or 'none yet'})")
+        return drawn[which]()
 
 
 def _copy_problems(ledger: Ledger) -> dict[str, str]:
@@ -332,16 +376,44 @@ def run_search(file: str | os.PathLike, *, out: str | os.PathLike | None = None,
     if _given("run_search", "max_concurrent", max_concurrent, (int, type(None)), "a whole number of trials at once, or None") is not None \
             and max_concurrent < 1:
         raise BlockforgeError(f"run_search: max_concurrent={max_concurrent}: give at least 1 (None: the search file's max_concurrent)")
-    outcome = drive(file, out=out, address=address, resume=resume, max_concurrent=max_concurrent, overrides=_assignments(overrides))
+    with _quiet_ray_in_notebook() as progress:
+        outcome = drive(file, out=out, address=address, resume=resume, max_concurrent=max_concurrent, overrides=_assignments(overrides),
+                        progress=progress)
     print(outcome.summary)
     if outcome.interrupted is not None:
         name = signal.Signals(outcome.interrupted).name
-        raise SearchInterrupted(f"stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}",
-                            search=open_search(outcome.location or outcome.search_dir), signal=outcome.interrupted)
+        where = outcome.location or str(outcome.search_dir)
+        again = f"blockforge.run_search({str(file)!r}, out={where!r}" + (f", overrides={overrides!r}" if overrides else "") + ", resume=True)"
+        raise SearchInterrupted(f"stopped by {name}; the reports cover the trials so far; resume with: {again} (from a shell: "
+                                f"{outcome.resume_command})", search=open_search(where), signal=outcome.interrupted)
     unfinished = nothing_finished(outcome)
     if unfinished is not None:
         raise BlockforgeError(unfinished)
     return open_search(outcome.location or outcome.search_dir)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (an IPython shell that shows HTML)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+@contextlib.contextmanager
+def _quiet_ray_in_notebook():
+    """In a notebook: the search's progress as a bar (`bar`, for the driver's live view) and Ray's own log lines kept out of
+    the cell (they stay in Ray's logs); elsewhere the command line's status lines (`lines`)."""
+    if not in_notebook():
+        yield "lines"
+        return
+    import logging
+
+    ray_log = logging.getLogger("ray")
+    level = ray_log.level
+    ray_log.setLevel(logging.ERROR)
+    try:
+        yield "bar"
+    finally:
+        ray_log.setLevel(level)
 
 
 def _assignments(overrides: Mapping[str, Any] | None) -> list:

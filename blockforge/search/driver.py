@@ -38,10 +38,12 @@ class ProgressView:
 
     current: "ProgressView | None" = None  # the view of the search this process drives now
 
-    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None, tracking=None):
+    def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None, tracking=None, mode: str = "lines"):
         """scheduler: the search's CellScheduler, whose rung tables the line quotes (Tune pickles both together);
-        tracking: the search's trackers (search/tracked.py), given what the trials added at each update."""
+        tracking: the search's trackers (search/tracked.py), given what the trials added at each update; mode: "lines"
+        prints a status line per update (a terminal, a log), "bar" keeps one progress bar (a notebook)."""
         self.path, self.plan, self.every_s, self.scheduler = ledger.path, plan, every_s, scheduler  # no stream held: Tune pickles callbacks
+        self.mode, self.bar = mode, None
         self.started = time.time()
         self.last = 0.0
         self.journal = None  # views.LiveJournal, opened at the first update
@@ -50,10 +52,17 @@ class ProgressView:
         self.tracking = tracking
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "journal": None, "evidence": {}, "tracking": None}
+        return {**self.__dict__, "journal": None, "evidence": {}, "tracking": None, "bar": None}
 
     def line(self, tune_trials: list | None = None, records: list[TrialRecord] | None = None) -> str:
         records = self.ledger.records() if records is None else records
+        counts = self.counts(records, tune_trials)
+        elapsed = time.time() - self.started
+        head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
+        return head + self._best(records)
+
+    def counts(self, records: list[TrialRecord], tune_trials: list | None = None) -> dict[str, int]:
+        """Trials by status (queued and running as Tune knows them, when it is asked), replicates and stability probes."""
         shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE,
                  *((Status.INFEASIBLE,) if self.plan.constraints else ()))
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
@@ -63,8 +72,10 @@ class ProgressView:
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}
-        elapsed = time.time() - self.started
-        head = f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] " + " | ".join(f"{n} {s}" for s, n in counts.items())
+        return counts
+
+    def _best(self, records: list[TrialRecord]) -> str:
+        """The best model of each cell so far, its verdict, its first rung's agreement and whether the answer is final."""
         from blockforge.search.evidence import describe
 
         from blockforge.search.progress import quick_progress
@@ -77,7 +88,7 @@ class ProgressView:
                 said = quick_progress(self.plan, records, cell, e, self._planned().get(cell, 0))
                 status = f" ({said.text()})" if not said.final else ""
                 parts.append(f"{cell}: {describe(e.winner)}, {self.plan.metric} {e.winner.spread()}{against}" + (f"; {rung}" if rung else "") + status)
-        return head + ("\n  best  " + "\n        ".join(parts) if parts else "")
+        return "\n  best  " + "\n        ".join(parts) if parts else ""
 
     def _planned(self) -> dict[str, int]:
         """Each cell's worst case in trials (the compute plan's), computed once."""
@@ -121,7 +132,7 @@ class ProgressView:
         if force or now - self.last >= self.every_s:
             self.last = now
             records = self.ledger.records()
-            print(self.line(tune_trials, records), flush=True)
+            self._show(records, tune_trials)
             if journal:
                 from blockforge.search.views import LiveJournal
 
@@ -130,6 +141,27 @@ class ProgressView:
                 self.journal.update(self.ledger)  # optuna-dashboard follows the search: new trials appended
             if self.tracking is not None:
                 self.tracking.update(records)  # W&B, MLflow: the curves trained since the last update
+
+
+    def _show(self, records: list[TrialRecord], tune_trials: list | None) -> None:
+        """A status line, or (mode "bar") the progress bar moved: trials done against the plan's worst case, counts beside it."""
+        if self.mode != "bar":
+            print(self.line(tune_trials, records), flush=True)
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=sum(self._planned().values()), unit="trial", desc=f"search {self.plan.name}", dynamic_ncols=True)
+        counts = self.counts(records, tune_trials)
+        self.bar.n = sum(r.status not in (Status.RUNNING, Status.INTERRUPTED) for r in records)
+        self.bar.set_postfix_str(", ".join(f"{n} {s}" for s, n in counts.items() if n), refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        """The search's end: the bar, if one shows, stays as it is."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _tune_callback(view: ProgressView):
@@ -379,7 +411,7 @@ def open_store(out: str | os.PathLike | None, default: str) -> SearchStore:
 
 def run_search(
     path: str | os.PathLike, *, out: str | os.PathLike | None = None, address: str | None = None, resume: bool | str = False,
-    max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0,
+    max_concurrent: int | None = None, overrides: list[tuple] | None = None, progress_every_s: float = 10.0, progress: str = "lines",
 ) -> SearchOutcome:
     """Run (or resume) the search in `path`; returns the records and the printed summary.
 
@@ -397,13 +429,13 @@ def run_search(
     storage = Storage.open(out) if out is not None else None  # a URI no filesystem here can open is refused by name now
     try:
         return _run_search(path, storage, address=address, resume=resume, max_concurrent=max_concurrent, overrides=overrides,
-                           progress_every_s=progress_every_s)
+                           progress_every_s=progress_every_s, progress=progress)
     except BlockforgeError as err:
         raise SearchStore.located(err, storage) from None
 
 
 def _run_search(path, storage: Storage | None, *, address: str | None, resume: bool | str, max_concurrent: int | None,
-                overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
+                overrides: list[tuple] | None, progress_every_s: float, progress: str = "lines") -> SearchOutcome:
     if resume == "auto":  # a job that may run again (a Slurm requeue, a restarted pod) continues what it started
         storage = storage or Storage.open(Path("runs") / f"search-{load_search(path, overrides).name}")
         if not storage.local:
@@ -418,9 +450,11 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
         raise BlockforgeError(f"{store}: holds no search to resume; run without --resume (or give --out of the search)")
     if address is not None:
         probe_address(address)  # seconds, not the minutes of a Ray start that waits on it
+    from blockforge.search.datasets import check_named_sets
     from blockforge.search.preflight import memory_needs
 
-    needs = memory_needs(plan)  # before Ray starts: a model too large even to plan is one sentence
+    check_named_sets(plan)  # before Ray starts: a set a recipe names that is missing, cut short or does not fit it is one sentence
+    needs = memory_needs(plan)  # and so is a model too large even to plan
     from blockforge.search.plan import format_plan, search_plan
 
     print(format_plan(plan, search_plan(plan)), flush=True)
@@ -440,7 +474,7 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
             lease = store.lease = Lease(store.storage, SEARCH_LEASE, "running this search").take()
         remove_leftover_temporaries(search_dir)
         return _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
-                          overrides=overrides, progress_every_s=progress_every_s)
+                          overrides=overrides, progress_every_s=progress_every_s, progress=progress)
     except StorageError:
         reachable = False  # the storage just failed: asking it again only waits for its retries
         raise
@@ -498,7 +532,7 @@ def stored_marker(store: SearchStore) -> dict | None:
 
 
 def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, address: str | None, resume: bool,
-               max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float) -> SearchOutcome:
+               max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float, progress: str = "lines") -> SearchOutcome:
     """run_search in a search folder this driver holds the lock of."""
     from blockforge.search.preflight import check_cluster
 
@@ -526,15 +560,14 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 interrupts.arm()
                 check_cluster(plan, needs, address, store)
                 interrupts.check()
-                from blockforge.search.datasets import check_named_sets, prepare_search_sets
+                from blockforge.search.datasets import prepare_search_sets
 
-                check_named_sets(plan)
                 plan.prepared = prepare_search_sets(plan, store, should_stop=interrupts.check)  # before the first trial
                 interrupts.check()
                 if not resume:
                     atomic_write_json(marker, folder_marker(plan, overrides))
                     store.put(MARKER)
-                view = ProgressView(ledger, plan, every_s=progress_every_s, tracking=tracking)
+                view = ProgressView(ledger, plan, every_s=progress_every_s, tracking=tracking, mode=progress)
                 ProgressView.current = view
                 try:
                     _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
@@ -571,6 +604,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
                                  f"{interrupts.resume_command}")
             view.update(force=True, journal=False)  # the reports below rebuild every view
+            view.close()
             summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
             tracking = None
             said = outside_failures(ledger.records(), command)
@@ -663,6 +697,21 @@ def damaged_tune_state(experiment: Path) -> Path | None:
     return None
 
 
+class _Silent:
+    """A Ray Tune progress reporter that reports nothing (Tune calls these three): the live view is the search's own, and
+    in a notebook Tune's default reporter shows an HTML table of its own in the cell. A module-level class, so the Tuner's
+    saved state that holds it unpickles on resume."""
+
+    def setup(self, *args, **kwargs) -> None:
+        pass
+
+    def should_report(self, trials, done: bool = False) -> bool:
+        return False
+
+    def report(self, trials, done, *sys_info) -> None:
+        pass
+
+
 def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
          rebuild: bool = False) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
@@ -710,7 +759,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
                 metric=OBJECTIVE, mode=plan.mode,
             ),
             run_config=tune.RunConfig(
-                name="tune", storage_path=str(store.storage), verbose=0, callbacks=[_tune_callback(view)],
+                name="tune", storage_path=str(store.storage), verbose=0, callbacks=[_tune_callback(view)], progress_reporter=_Silent(),
                 failure_config=tune.FailureConfig(max_failures=2),
             ),
         )

@@ -72,7 +72,7 @@ def verdict(diff: Difference | None, mode: str) -> str:
     return "better" if improved else "worse"
 
 
-@dataclass
+@dataclass(repr=False)
 class Candidate:
     """One model of a cell and its replicates (seed -> objective value; a diverged seed holds the penalty)."""
 
@@ -85,6 +85,14 @@ class Candidate:
     diverged: list[int] = field(default_factory=list)
     run_dirs: dict[int, str] = field(default_factory=dict)
     costs: dict[str, float] = field(default_factory=dict)  # a search with a cost axis: what the model costs
+
+    def __repr__(self) -> str:
+        seeds = ",".join(str(s) for s in sorted(self.values))
+        return f"<Candidate {self.label()}: {self.spread()}, seeds {seeds or '-'}>"
+
+    def label(self) -> str:
+        """'1 Post-LN layer, lr 0.003' (describe)."""
+        return describe(self)
 
     @property
     def n(self) -> int:
@@ -109,7 +117,7 @@ class Candidate:
         return text + (f", diverged on {len(self.diverged)}" if self.diverged else "")
 
 
-@dataclass
+@dataclass(repr=False)
 class CellEvidence:
     cell: str
     candidates: list[Candidate]  # every candidate with at least one full-budget replicate, best mean first
@@ -122,6 +130,32 @@ class CellEvidence:
     verdict: str  # the winner against Pre-LN: better | tied | worse | n/a | Pre-LN (the winner is Pre-LN)
     mode: str
     against_pre_ln: bool = True  # False: the search varies no placement, so its claims compare models with each other only
+
+    ROW_HEADERS = ["model", "k", "mean ± sd (n)", "minus Pre-LN [95% CI]", "minus winner [95% CI]", "role"]
+
+    def rows(self) -> list[list]:
+        """Every candidate in a row (ROW_HEADERS): its replicates and paired intervals against Pre-LN and the winner."""
+        from blockforge.search.display import interval
+
+        out = []
+        for c in self.candidates:
+            to_pre = paired_difference(c.values, self.reference.values) if self.reference is not None and c is not self.reference else None
+            to_winner = paired_difference(c.values, self.winner.values) if self.winner is not None and c is not self.winner else None
+            role = "winner" if c is self.winner else "Pre-LN reference" if c is self.reference else "runner-up" if c is self.runner_up else ""
+            out.append([describe(c), "-" if c.post_ln_layers is None else c.post_ln_layers, c.spread(), interval(to_pre), interval(to_winner), role])
+        return out
+
+    def __repr__(self) -> str:
+        from blockforge.tables import text_table
+
+        return f"<CellEvidence {self.cell}: {len(self.candidates)} candidate(s), verdict {self.verdict}\n{text_table(self.ROW_HEADERS, self.rows())}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        from blockforge.search.display import html_table
+
+        return html_table(self.ROW_HEADERS, self.rows(), caption=f"{html.escape(self.cell)}: every candidate at the full budget")
 
     def difference_to(self, candidate: Candidate, other: Candidate | None) -> Difference | None:
         return paired_difference(candidate.values, other.values) if other is not None else None

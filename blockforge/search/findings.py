@@ -30,7 +30,7 @@ Cell = str  # a proxy cell's name, e.g. "depth=8"
 Target = str  # a transfer target's name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CellAnswer:
     """What a search found in one cell (or transfer target), as the reports state it."""
 
@@ -53,6 +53,24 @@ class CellAnswer:
     prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
     outcome: TargetOutcome | None = None  # ... and whether it held
     progress: Progress | None = None  # whether the answer is final, or provisional (trials trained, running, stages pending)
+    metric: str = "val_loss"  # the objective the candidates' values are of
+
+    def __repr__(self) -> str:
+        from blockforge.search.display import cell_text
+
+        return cell_text(self)
+
+    def _repr_html_(self) -> str:
+        from blockforge.search.display import cell_html
+
+        return cell_html(self)
+
+    def plot(self):
+        """A matplotlib figure of the cell's curves: the objective at every evaluation of each candidate's full-budget runs,
+        one colour per candidate (k), one line per seed, the winner and Pre-LN named in the legend."""
+        from blockforge.search.figures import cell_curves
+
+        return cell_curves(self)
 
     @property
     def provisional(self) -> bool:
@@ -69,7 +87,7 @@ class CellAnswer:
                    promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
                    lr=found.lr_checks.get(name), length=found.lengths.get(name), stability=found.stability.get(name), rungs=found.rungs.get(name),
                    front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name),
-                   progress=progress(found, name))
+                   progress=progress(found, name), metric=found.plan.metric)
 
 
 @dataclass

@@ -522,23 +522,28 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
 
 def _write_plots(search_dir: Path, plan: SearchPlan, records: list, found: Findings) -> list[str]:
     """Draw the plots the search has data for; returns their file names (what the summary lists)."""
-    evidence = found.evidence
+    drawn = []
+    for name, draw in figures_of(found).items():
+        draw(search_dir / f"{name}.png")
+        drawn.append(f"{name}.png")
+    return drawn
+
+
+def figures_of(found: Findings) -> dict:
+    """The plots a search has data for, by name (its PNG's, without .png): each a function drawing its figure (and writing
+    it, given a path). The reports write them; the Python view returns them."""
+    plan, records, evidence = found.plan, found.records, found.evidence
     lr_checks = {cell: check for cell, check in found.lr_checks.items() if check is not None}
     plots = {
-        "metric_vs_alpha.png": (plan.varies_alpha, lambda path: plot_metric_vs_alpha(plan, records, evidence, path)),
-        "best_alpha_vs_depth.png": (bool(found.points), lambda path: plot_best_alpha(found.points, found.law, found.boot, path)),
-        "pareto.png": (bool(plan.costs), lambda path: plot_fronts(plan, found.fronts, path)),
-        "lr_check.png": (bool(lr_checks), lambda path: plot_lr_checks(plan, lr_checks, path)),
-        "transfer_curves.png": (bool(plan.targets) and any(evidence[t].candidates for t in plan.target_names()),
-                                lambda path: plot_target_curves(plan, evidence, found.gaps, path)),
-        "stability_vs_depth.png": (any(check is not None for check in found.stability.values()), lambda path: _plot_stability(found, path)),
+        "metric_vs_alpha": (plan.varies_alpha, lambda path=None: plot_metric_vs_alpha(plan, records, evidence, path)),
+        "best_alpha_vs_depth": (bool(found.points), lambda path=None: plot_best_alpha(found.points, found.law, found.boot, path)),
+        "pareto": (bool(plan.costs), lambda path=None: plot_fronts(plan, found.fronts, path)),
+        "lr_check": (bool(lr_checks), lambda path=None: plot_lr_checks(plan, lr_checks, path)),
+        "transfer_curves": (bool(plan.targets) and any(evidence[t].candidates for t in plan.target_names()),
+                            lambda path=None: plot_target_curves(plan, evidence, found.gaps, path)),
+        "stability_vs_depth": (any(check is not None for check in found.stability.values()), lambda path=None: _plot_stability(found, path)),
     }
-    drawn = []
-    for name, (wanted, draw) in plots.items():
-        if wanted:
-            draw(search_dir / name)
-            drawn.append(name)
-    return drawn
+    return {name: draw for name, (wanted, draw) in plots.items() if wanted}
 
 
 def _provisional_text(lines: list[str]) -> str:
@@ -549,10 +554,10 @@ def _provisional_text(lines: list[str]) -> str:
             + "\n".join("- " + line for line in lines) + "\n")
 
 
-def _plot_stability(found: Findings, path: Path) -> None:
+def _plot_stability(found: Findings, path: Path | None):
     from blockforge.search.stability_report import plot_stability
 
-    plot_stability(found, path)
+    return plot_stability(found, path)
 
 
 def _pareto_markdown(plan: SearchPlan, found: Findings) -> tuple[str, list[str]]:

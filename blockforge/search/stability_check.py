@@ -272,7 +272,7 @@ class CandidateStability:
         return self.verdict
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StabilityCheck:
     """The stability check of one cell: every probed candidate at every warm-up, and the cell's answer weighing both."""
 
@@ -285,6 +285,16 @@ class StabilityCheck:
     warmups: list[float]
     candidates: list[CandidateStability] = field(default_factory=list)
     answer: str = ""  # e.g. "better but less stable (x0.3 of Pre-LN's largest stable lr)"
+
+    def __repr__(self) -> str:
+        from blockforge.search.display import stability_text
+
+        return stability_text(self)
+
+    def _repr_html_(self) -> str:
+        from blockforge.search.display import stability_html
+
+        return stability_html(self)
 
     def of(self, model: str, warmup: float | None = None) -> CandidateStability | None:
         """A candidate's stability at `warmup` (default: the first warm-up probed)."""

@@ -2,6 +2,7 @@
 reports say; blockforge.run_search: the command line's search from Python."""
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -328,7 +329,8 @@ def test_a_sigterm_inside_run_search_leaves_a_resumable_search(tmp_path, ray_ses
 
     done = threading.Event()
     threading.Thread(target=stop_once_a_checkpoint_is_there, daemon=True).start()
-    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*resume with: blockforge search {path} --out {out} --resume"):
+    again = f"resume with: blockforge.run_search('{path}', out='{out}', resume=True) (from a shell: blockforge search {path} --out {out} --resume)"
+    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*{re.escape(again)}"):
         try:
             blockforge.run_search(path, out=out)
         finally:
