@@ -23,8 +23,10 @@ node's cache once drawn, so a resumed run on that node does not draw it again.
 
 A set in a storage is read from a copy in the node's cache (BLOCKFORGE_CACHE/storage/prepared/...): each node
 takes down each file once, under a lock, checks it against the manifest's checksum and only then moves it into
-place, so a half-taken-down shard is never read; every trial of the node then reads the one copy. A local set's
-files are checked against their checksums once per node (and again when a file changes).
+place, so a half-taken-down shard is never read; every trial of the node then reads the one copy. Opening a set
+checks its files' sizes and offsets against the manifest, and its manifest's counts against those sizes; each shard's
+bytes are checked against their sha256 (and its ids against max_token_id) when a process first reads from it, in the
+reading thread, so no byte is trained on unchecked however old an earlier check is.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -218,7 +221,31 @@ class Manifest:
             for shard in split.shards:
                 if not shard.name.startswith(f"{name}/") or ".." in shard.name:
                     raise bad(f"shard {shard.name!r} lies outside its split's folder")
+        manifest._check_counts(path)
         return manifest
+
+    def _check_counts(self, path: str) -> None:
+        """Each shard's counts against the sizes its files are recorded with: a shard's files hold exactly its counts (a
+        stream's last shard of a split, cut at a document, at least them), so no edited count or dtype reads past a
+        file's end or leaves part of one unread."""
+        for name, split in self.splits.items():
+            for i, shard in enumerate(split.shards):
+                key = f"splits.{name}.shards[{i}]"
+                if shard.documents < 1 or shard.tokens < shard.documents:  # every document holds at least its end id
+                    raise _edited(path, f"{key}: {shard.documents:,} documents of {shard.tokens:,} tokens")
+                cut = self.requested_tokens is not None and i == len(split.shards) - 1
+                for field, count, kind, width in (("tokens", shard.tokens, "bin", self.np_dtype.itemsize),
+                                                  ("documents", shard.documents + 1, "idx", 8)):
+                    size = shard.files[kind]["bytes"]
+                    held, rest = divmod(size, width)
+                    if rest or held < count or (held > count and not cut):
+                        raise _edited(path, f"{key}.{field} is {getattr(shard, field):,}, but {shard.file(kind)} is recorded with "
+                                            f"{size:,} bytes: {held:,} {f'{self.dtype} ids' if kind == 'bin' else 'int64 offsets'}")
+
+
+def _edited(path: str, what: str) -> DataError:
+    return DataError(f"data.prepared: {path} does not agree with its own shards ({what}); the manifest was changed or "
+                     "damaged: prepare the set again")
 
 
 def read_manifest(folder: Path, where: str) -> Manifest:
@@ -271,7 +298,7 @@ def _show(value: Any) -> str:
     return "not set" if value is None else json.dumps(value, default=str)
 
 
-# ---- files: checked once per node --------------------------------------------------------------------
+# ---- files: their sizes when a set is opened, their bytes when a shard is first read ------------------
 
 
 def sha256_file(path: Path) -> str:
@@ -282,34 +309,94 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_files(folder: Path, manifest: Manifest, where: str, stamp: Path) -> None:
-    """Every shard file is there, as long as the manifest says, with its checksum. A file's checksum is computed once per
-    node and kept in `stamp` with its size and modification time, and computed again only when those change."""
-    known = read_mapping(stamp)
-    checked, changed = {}, False
-    for rel, expected in manifest.files():
-        path = folder / rel
-        try:
-            stat = path.stat()
-        except OSError:
-            raise DataError(f"data.prepared: {where}/{rel} is missing; the set is incomplete: prepare it again (an interrupted "
-                            "`blockforge prepare` resumes)") from None
-        if stat.st_size != expected["bytes"]:
-            raise DataError(f"data.prepared: {where}/{rel} holds {stat.st_size:,} bytes, not the {expected['bytes']:,} its manifest "
-                            "gives (cut short or replaced); prepare the set again")
-        seen = [stat.st_size, stat.st_mtime_ns, expected["sha256"]]
-        if known.get(rel) != seen:
-            if sha256_file(path) != expected["sha256"]:
-                raise DataError(f"data.prepared: {where}/{rel} fails its checksum (its bytes are not those the manifest records: "
-                                "damaged or changed); prepare the set again")
-            changed = True
-        checked[rel] = seen
-    if changed or checked != known:
-        atomic_write_json(stamp, checked)
+def check_files(folder: Path, manifest: Manifest, where: str) -> None:
+    """Every shard file is there at the size its manifest records, and each shard's offsets run from 0 to its token count:
+    a stat and two numbers a shard, when a set is opened. The bytes themselves are checked when first read (ShardCheck)."""
+    for name, split in manifest.splits.items():
+        for i, shard in enumerate(split.shards):
+            for kind in FILES:
+                rel = shard.file(kind)
+                try:
+                    size = (folder / rel).stat().st_size
+                except OSError:
+                    size = None
+                _check_size(where, rel, size, shard.files[kind]["bytes"])
+            first, last = _offsets_at(folder / shard.file("idx"), (0, shard.documents))
+            if first != 0 or last != shard.tokens:
+                raise DataError(f"data.prepared: {where}/{MANIFEST}: splits.{name}.shards[{i}] holds {shard.documents:,} documents of "
+                                f"{shard.tokens:,} tokens, but {shard.file('idx')} puts them at tokens {first:,} to {last:,}; the "
+                                "manifest or the index was changed: prepare the set again")
 
 
-def _stamp_for(folder: Path) -> Path:
-    return cache_root() / "prepared" / "checked" / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
+def _check_size(where: str, rel: str, size: int | None, expected: int) -> None:
+    """A shard file of `size` bytes (None: missing) against the size its manifest records."""
+    if size is None:
+        raise DataError(f"data.prepared: {where}/{rel} is missing; the set is incomplete: prepare it again (an interrupted "
+                        "`blockforge prepare` resumes)")
+    if size != expected:
+        raise DataError(f"data.prepared: {where}/{rel} holds {size:,} bytes, not the {expected:,} its manifest gives (cut short "
+                        "or replaced); prepare the set again")
+
+
+def _offsets_at(path: Path, positions: tuple[int, ...]) -> list[int]:
+    """The int64 offsets at `positions` of an index file, read without mapping it."""
+    with open(path, "rb") as f:
+        found = []
+        for position in positions:
+            f.seek(position * 8)
+            found.append(int(np.frombuffer(f.read(8), dtype=np.int64)[0]))
+        return found
+
+
+class ShardCheck:
+    """Each shard's files against the manifest's checksums, and its ids against its `max_token_id`, the first time this
+    process reads from the shard: in the thread that reads (the loop's feed, ahead of the step), before any of its rows
+    is given out. A file's size and time say nothing of a flipped bit (bit rot keeps both), so nothing is trusted from
+    an earlier check; the cost (sha256 at about 1.7 GB/s a core, once per shard and run) is in docs/concepts/data.md.
+    A node's copy of a set in a storage that fails is removed, so the next run takes it down again."""
+
+    def __init__(self, folder: Path, manifest: Manifest, where: str, node_copy: bool):
+        self.folder, self.manifest, self.where, self.node_copy = folder, manifest, where, node_copy
+        self._checked: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, shard: ShardInfo) -> None:
+        if shard.name in self._checked:
+            return
+        with self._lock:
+            if shard.name not in self._checked:
+                self._check(shard)
+                self._checked.add(shard.name)
+
+    def _check(self, shard: ShardInfo) -> None:
+        digest, largest = _digest(self.folder / shard.file("bin"), self.manifest.np_dtype, shard.tokens)
+        for kind, found in (("bin", digest), ("idx", sha256_file(self.folder / shard.file("idx")))):
+            if found != shard.files[kind]["sha256"]:
+                raise self._damaged(shard.file(kind))
+        if largest > self.manifest.max_token_id:
+            raise DataError(f"data.prepared: {self.where}/{MANIFEST}: max_token_id is {self.manifest.max_token_id:,}, but "
+                            f"{shard.file('bin')} holds id {largest:,}; the manifest was changed: prepare the set again")
+
+    def _damaged(self, rel: str) -> DataError:
+        if self.node_copy:
+            (self.folder / rel).unlink(missing_ok=True)
+            return DataError(f"data.prepared: {self.folder / rel}, this node's copy of {self.where}/{rel}, fails its checksum "
+                             "(damaged on this disk); it is removed, and the next run takes it down again")
+        return DataError(f"data.prepared: {self.where}/{rel} fails its checksum (its bytes are not those the manifest records: "
+                         "damaged or changed); prepare the set again")
+
+
+def _digest(path: Path, dtype: np.dtype, count: int) -> tuple[str, int]:
+    """The sha256 of the file at `path` and the largest of its first `count` ids, in one read."""
+    digest, largest, seen = hashlib.sha256(), -1, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):  # HASH_CHUNK is a whole number of ids
+            digest.update(chunk)
+            used = min(len(chunk) // dtype.itemsize, count - seen)
+            if used > 0:
+                largest = max(largest, int(np.frombuffer(chunk, dtype=dtype, count=used).max()))
+            seen += len(chunk) // dtype.itemsize
+    return digest.hexdigest(), largest
 
 
 # ---- a set in a storage: the node's copy -------------------------------------------------------------
@@ -333,16 +420,27 @@ def remote_manifest(storage: Storage) -> tuple[Manifest, bytes]:
     return Manifest.parse(parsed, where), data
 
 
-def set_manifest(where: str) -> Manifest:
-    """The manifest of the set at `where` (a folder or a URI), read without checking or taking down its files."""
-    if is_uri(where):
-        return remote_manifest(Storage.open(where))[0]
-    return read_manifest(Path(where).expanduser(), where)
+def check_set(where: str) -> Manifest:
+    """The manifest of the set at `where` (a folder or a URI), its files there at the sizes it records (a local set's
+    offsets too): what a search checks of a set before Ray starts. Nothing is taken down or hashed."""
+    if not is_uri(where):
+        folder = Path(where).expanduser()
+        manifest = read_manifest(folder, where)
+        check_files(folder, manifest, where)
+        return manifest
+    storage = Storage.open(where)
+    manifest = remote_manifest(storage)[0]
+    with storage.failing_as("list the prepared set", "check data.prepared, the storage and its credentials"):
+        listing = storage.listing()
+    for rel, expected in manifest.files():
+        _check_size(where, rel, listing.get(rel, (None,))[0], expected["bytes"])
+    return manifest
 
 
 def node_copy(storage: Storage) -> Path:
-    """This node's copy of the set in `storage`, taken down where it is missing or out of date (under a lock, so the
-    trials of one node take each file down once) and checked against the manifest."""
+    """This node's copy of the set in `storage`: each file taken down where it is missing or not the one checked when it
+    was taken down (under a lock, so the trials of one node take each file down once), checked against the manifest's
+    checksum before it is moved into place. Its readers check the bytes again when they first read them (ShardCheck)."""
     from blockforge.lock import RunLock
 
     where = str(storage)
@@ -351,16 +449,15 @@ def node_copy(storage: Storage) -> Path:
     manifest, remote_bytes = remote_manifest(storage)
     lock = RunLock(local, "fetch.lock", "taking a prepared set down into it").acquire(wait_s=FETCH_WAIT_S)
     try:
-        here = local / MANIFEST
-        if here.is_file() and here.read_bytes() == remote_bytes:
-            check_files(local, manifest, where, local / ".checked.json")
+        here, stamp = local / MANIFEST, local / ".checked.json"
+        checked = read_mapping(stamp)
+        wanted = [(rel, expected) for rel, expected in manifest.files() if not _same(local / rel, checked.get(rel), expected)]
+        if here.is_file() and here.read_bytes() == remote_bytes and not wanted:
+            check_files(local, manifest, where)
             return local
         here.unlink(missing_ok=True)  # the copy is not a set until every file is in place again
         for name, (size, mtime) in sorted(storage.listing(TOKENIZER).items()):
             storage.download(f"{TOKENIZER}/{name}", local / TOKENIZER / name, mtime)
-        stamp = local / ".checked.json"
-        checked = read_mapping(stamp)
-        wanted = [(rel, expected) for rel, expected in manifest.files() if not _same(local / rel, checked.get(rel), expected)]
         _check_room(local, sum(expected["bytes"] for _, expected in wanted), where)
         for rel, expected in wanted:
             started = time.perf_counter()
@@ -381,7 +478,7 @@ def node_copy(storage: Storage) -> Path:
             with open(local / FETCHED, "a") as log:
                 log.write(json.dumps({"file": rel, "bytes": expected["bytes"], "seconds": round(time.perf_counter() - started, 3),
                                       "pid": os.getpid(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-        check_files(local, manifest, where, stamp)
+        check_files(local, manifest, where)
         atomic_write(here, lambda tmp: Path(tmp).write_bytes(remote_bytes))
         return local
     finally:
@@ -410,13 +507,18 @@ def _check_room(local: Path, needed: int, where: str) -> None:
 
 
 class SplitRows:
-    """The rows of one split of a set, read by index from its memory-mapped shards."""
+    """The rows of one split of a set, read by index from its memory-mapped shards; each shard checked (`check`) before
+    its first row is read. Rows are gathered shard by shard in the shards' dtype, then copied once into int64 rows in
+    the order asked (a few numpy calls a shard: a batch spans as many shards as it has rows, at most)."""
 
-    def __init__(self, folder: Path, split: SplitInfo, layout: Layout, dtype: np.dtype, pad_id: int | None):
-        self.layout, self.pad_id = layout, pad_id
+    def __init__(self, folder: Path, split: SplitInfo, layout: Layout, dtype: np.dtype, pad_id: int | None,
+                 check: Callable[[ShardInfo], None]):
+        self.layout, self.pad_id, self.check, self.dtype = layout, pad_id, check, dtype
         self.width = layout.context + 1
-        self.tokens = [_memmap(folder / s.file("bin"), dtype, s.tokens) for s in split.shards]
-        self.offsets = [_memmap(folder / s.file("idx"), np.dtype(np.int64), s.documents + 1) for s in split.shards]
+        self.shards = split.shards
+        # Plain arrays over the maps: numpy's memmap subclass adds its own work to every operation on it.
+        self.tokens = [np.asarray(_memmap(folder / s.file("bin"), dtype, s.tokens)) for s in split.shards]
+        self.offsets = [np.asarray(_memmap(folder / s.file("idx"), np.dtype(np.int64), s.documents + 1)) for s in split.shards]
         self.token_starts = np.cumsum([0] + [s.tokens for s in split.shards])
         self.doc_starts = np.cumsum([0] + [s.documents for s in split.shards])
         self.total_tokens = int(self.token_starts[-1])
@@ -432,54 +534,73 @@ class SplitRows:
         out = np.empty((len(indices), self.width), dtype=np.int64)
         if len(indices) == 0:
             return out
-        if self.layout.pack:
-            self._packed(indices * self.layout.context, out)
-        else:
-            self._documents(indices, out)
+        positions = indices * self.layout.context if self.layout.pack else indices
+        order, runs = self._runs(self.token_starts if self.layout.pack else self.doc_starts, positions)
+        values = np.empty(out.shape, dtype=self.dtype)
+        (self._packed if self.layout.pack else self._documents)(positions[order], runs, values)
+        out[order] = values  # the one copy into the rows, in the order asked
         return out
 
     @staticmethod
-    def _by_shard(firsts: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(shard, which of `positions` fall in it, their positions within it), for global positions and each shard's first."""
+    def _runs(firsts: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray | slice, list[tuple[int, int, int]]]:
+        """The order that sorts `positions` (global) by shard (a slice where they lie in one shard) and, in that order, each
+        shard's run of them: (shard, start, stop)."""
         shard_of = np.searchsorted(firsts, positions, side="right") - 1
-        for shard in np.unique(shard_of):
-            chosen = np.flatnonzero(shard_of == shard)
-            yield int(shard), chosen, positions[chosen] - firsts[shard]
+        if (shard_of == shard_of[0]).all():
+            return slice(None), [(int(shard_of[0]), 0, len(positions))]
+        order = np.argsort(shard_of, kind="stable")
+        ordered = shard_of[order]
+        bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
+        return order, [(int(ordered[start]), start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
 
-    def _packed(self, starts: np.ndarray, out: np.ndarray) -> None:
-        for shard, chosen, local in self._by_shard(self.token_starts, starts):
-            tokens = self.tokens[shard]
+    def _shard(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard `shard`'s tokens and offsets, checked."""
+        self.check(self.shards[shard])
+        return self.tokens[shard], self.offsets[shard]
+
+    def _packed(self, starts: np.ndarray, runs: list[tuple[int, int, int]], values: np.ndarray) -> None:
+        """Windows from global token positions `starts` (sorted by shard) into `values`."""
+        for shard, first, stop in runs:
+            tokens = self._shard(shard)[0]
+            local = starts[first:stop] - self.token_starts[shard]
             inside = local + self.width <= len(tokens)
-            if inside.any():
-                out[chosen[inside]] = tokens[local[inside, None] + self._span]
-            for row in chosen[~inside]:  # a window across the end of its shard
-                out[row] = self._across(int(starts[row]))
+            if inside.all():
+                values[first:stop] = tokens[local[:, None] + self._span]
+                continue
+            rows = np.arange(first, stop)
+            values[rows[inside]] = tokens[local[inside, None] + self._span]
+            for row in rows[~inside]:  # a window across the end of its shard
+                values[row] = self._across(int(starts[row]))
 
     def _across(self, start: int) -> np.ndarray:
         parts, need, at = [], self.width, start
         while need:
             shard = int(np.searchsorted(self.token_starts, at, side="right") - 1)
             local = at - int(self.token_starts[shard])
-            piece = self.tokens[shard][local : local + need]
+            piece = self._shard(shard)[0][local : local + need]
             parts.append(piece)
             need -= len(piece)
             at += len(piece)
-        return np.concatenate(parts).astype(np.int64)
+        return np.concatenate(parts)
 
-    def _documents(self, indices: np.ndarray, out: np.ndarray) -> None:
-        for shard, chosen, local in self._by_shard(self.doc_starts, indices):
-            offsets = self.offsets[shard]
-            begin, end = offsets[local], offsets[local + 1]
-            length = np.minimum(end - begin, self.width)
-            inside = self._span[None, :] < length[:, None]
-            positions = np.where(inside, begin[:, None] + self._span, begin[:, None])
-            rows = self.tokens[shard][positions].astype(np.int64)
-            rows[~inside] = self.pad_id
-            out[chosen] = rows
+    def _documents(self, indices: np.ndarray, runs: list[tuple[int, int, int]], values: np.ndarray) -> None:
+        """One document a row, from global document indices (sorted by shard) into `values`: its stored tokens (at most
+        context + 1), then pad ids."""
+        begin, end = np.empty(len(indices), dtype=np.int64), np.empty(len(indices), dtype=np.int64)
+        for shard, first, stop in runs:
+            offsets = self._shard(shard)[1]
+            local = indices[first:stop] - self.doc_starts[shard]
+            begin[first:stop], end[first:stop] = offsets[local], offsets[local + 1]
+        positions = begin[:, None] + self._span
+        np.minimum(positions, (end - 1)[:, None], out=positions)  # a short document's row stays inside it: padded below
+        for shard, first, stop in runs:
+            values[first:stop] = self.tokens[shard][positions[first:stop]]
+        values[self._span >= (end - begin)[:, None]] = self.pad_id
 
     def documents(self) -> Iterator[np.ndarray]:
         """Every document's stored tokens, in order."""
-        for tokens, offsets in zip(self.tokens, self.offsets):
+        for shard in range(len(self.shards)):
+            tokens, offsets = self._shard(shard)
             for begin, end in zip(offsets[:-1], offsets[1:]):
                 yield np.asarray(tokens[begin:end])
 
@@ -524,22 +645,24 @@ class EpochOrders:
 
 
 class PreparedSet:
-    """A prepared set opened for reading: its manifest, checked files and tokenizer (local, or the node's copy of a URI's)."""
+    """A prepared set opened for reading: its manifest, its files as large as the manifest says and its tokenizer (local,
+    or the node's copy of a URI's); each shard's bytes are checked when first read (ShardCheck)."""
 
-    def __init__(self, folder: Path, manifest: Manifest, where: str):
+    def __init__(self, folder: Path, manifest: Manifest, where: str, node_copy: bool = False):
         self.folder, self.manifest, self.where = folder, manifest, where
+        self.check = ShardCheck(folder, manifest, where, node_copy)
 
     @classmethod
     def open(cls, where: str | os.PathLike) -> "PreparedSet":
         where = str(where)
         if is_uri(where):
             folder = node_copy(Storage.open(where))
-            return cls(folder, read_manifest(folder, where), where)
+            return cls(folder, read_manifest(folder, where), where, node_copy=True)
         folder = Path(where).expanduser()
         if folder.exists() and not folder.is_dir():
             raise DataError(f"data.prepared: {where} is a file, not a prepared set's folder; give the folder `blockforge prepare` wrote")
         manifest = read_manifest(folder, where)
-        check_files(folder, manifest, where, _stamp_for(folder))
+        check_files(folder, manifest, where)
         return cls(folder, manifest, where)
 
     def tokenizer(self):
@@ -553,7 +676,7 @@ class PreparedSet:
         return tokenizer
 
     def split(self, name: str, pad_id: int | None) -> SplitRows:
-        return SplitRows(self.folder, self.manifest.splits[name], self.manifest.layout, self.manifest.np_dtype, pad_id)
+        return SplitRows(self.folder, self.manifest.splits[name], self.manifest.layout, self.manifest.np_dtype, pad_id, self.check)
 
 
 def to_batch(rows: np.ndarray) -> torch.Tensor:

@@ -89,11 +89,13 @@ def describe_sets(plan) -> list[str]:
 def found_sets(plan, store) -> dict[str, str]:
     """The sets of the plan that the search's storage holds already: set_key -> where (for SearchPlan.prepared)."""
     from blockforge.data.prepare import set_prepared
+    from blockforge.data.prepared import check_set
 
     where = {}
     for entry in search_sets(plan):
         storage = store.storage.child(entry.rel)
         if set_prepared(storage, entry.request):
+            check_set(str(storage))  # whole, before the first trial reads it
             where[entry.request.key] = str(storage)
     return where
 
@@ -122,9 +124,9 @@ def prepare_search_sets(plan, store, *, progress: bool = True, should_stop=None)
 
 
 def check_named_sets(plan) -> None:
-    """Every set a trial's recipe names itself (`data.prepared`) is there and fits that recipe: one sentence before any
-    trial, not a failure in each (read from its manifest alone; nothing is taken down)."""
-    from blockforge.data.prepared import check_matches, set_manifest
+    """Every set a trial's recipe names itself (`data.prepared`) is there, whole, and fits that recipe: one sentence before
+    Ray starts, not a failure in each trial (its manifest and its files' sizes; nothing is taken down)."""
+    from blockforge.data.prepared import check_matches, check_set
 
     seen = set()
     for name in plan.all_names():
@@ -138,4 +140,4 @@ def check_named_sets(plan) -> None:
             if where is None or (where, layout, recipe.spec.vocab) in seen:
                 continue
             seen.add((where, layout, recipe.spec.vocab))
-            check_matches(set_manifest(where), recipe.data, layout, recipe.spec.vocab, where)
+            check_matches(check_set(where), recipe.data, layout, recipe.spec.vocab, where)

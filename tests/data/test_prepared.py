@@ -51,15 +51,16 @@ def test_each_rank_reads_its_share_and_the_shares_joined_are_the_one_process_bat
             assert np.array_equal(np.concatenate([share[k].numpy() for share in shares]), batch.numpy())
 
 
-def test_rows_across_shards_and_a_saved_epoch_order_give_the_same_batches(tmp_path, text_config, text_file, monkeypatch):
-    """A set cut into many parts (windows across shard ends) reads the rows of one part; a large set's epoch order,
-    kept in the cache once drawn, is the order drawn again."""
+@pytest.mark.parametrize("pack", [True, False])
+def test_rows_across_shards_and_a_saved_epoch_order_give_the_same_batches(tmp_path, text_config, text_file, monkeypatch, pack):
+    """A set cut into many parts (windows across shard ends; a batch's documents in many shards) reads the rows of one
+    part; a large set's epoch order, kept in the cache once drawn, is the order drawn again."""
     from blockforge.data import prepare as prepare_module
     from blockforge.data import prepared as prepared_module
     from blockforge.data.prepare import Request, prepare
 
-    cfg = text_config(source="text", path=str(text_file))
-    layout = Layout(pack=True, context=16)
+    cfg = text_config(source="text", path=str(text_file), pack=pack)
+    layout = Layout(pack=pack, context=16)
     prepare(Request(cfg, layout), tmp_path / "one", progress=False)
     monkeypatch.setattr(prepare_module, "PART_CHARS", 300)  # a few documents per part
     outcome = prepare(Request(cfg, layout), tmp_path / "many", progress=False)
@@ -222,9 +223,9 @@ def test_a_missing_cut_damaged_or_foreign_set_is_one_sentence_naming_the_file(pr
     shard.write_bytes(data[:-2])
     with pytest.raises(DataError, match=f"^data.prepared: {where}/train/000000.bin holds {len(data) - 2:,} bytes, not the {len(data):,}"):
         _open(cfg, where)
-    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # the right size, one bit changed
+    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # the right size, one bit changed: refused when first read
     with pytest.raises(DataError, match=f"^data.prepared: {where}/train/000000.bin fails its checksum"):
-        _open(cfg, where)
+        _open(cfg, where).train.rows(np.arange(1))
     shard.write_bytes(data)
     assert len(_open(cfg, where).train) > 0
     manifest = where / "manifest.json"
@@ -235,6 +236,61 @@ def test_a_missing_cut_damaged_or_foreign_set_is_one_sentence_naming_the_file(pr
         with pytest.raises(DataError, match=f"^data.prepared: {where}/manifest.json is not the manifest of a prepared set .{why}"):
             _open(cfg, where)
         manifest.write_text(saved)
+
+
+def _edited(where: Path, edit) -> None:
+    manifest = json.loads((where / "manifest.json").read_text())
+    edit(manifest)
+    (where / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_shard_bytes_are_checked_when_first_read_and_a_manifest_that_disagrees_with_its_files_is_refused(prepared):
+    """A flipped bit whose file keeps its time (bit rot) is refused when a run first reads the shard, in a node's copy
+    too (removed there, to be taken down again); a manifest whose counts, dtype or offsets disagree with its files is
+    refused when the set is opened, and one whose max_token_id is below its ids before any row is given out."""
+    import os
+
+    where, cfg = prepared
+    assert len(_open(cfg, where).train.rows(np.arange(4))) == 4  # checked once; a later run checks again
+    shard = where / "train" / "000000.bin"
+    saved, stat = shard.read_bytes(), shard.stat()
+    shard.write_bytes(saved[:101] + bytes([saved[101] ^ 4]) + saved[102:])
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    reader = _open(cfg, where)
+    with pytest.raises(DataError, match=f"^data.prepared: {where}/train/000000.bin fails its checksum"):
+        reader.train.rows(np.arange(4))
+    manifest = PreparedSet.open(where).manifest
+    copy = PreparedSet(where, manifest, "s3://bucket/sets/tiny", node_copy=True)
+    with pytest.raises(DataError, match=f"^data.prepared: {shard}, this node's copy of s3://bucket/sets/tiny/train/000000.bin, fails "
+                                        "its checksum .damaged on this disk.; it is removed, and the next run takes it down again"):
+        copy.split("train", None).rows(np.arange(1))
+    assert not shard.exists()
+    shard.write_bytes(saved)
+    original = (where / "manifest.json").read_text()
+    tokens = manifest.splits["train"].tokens
+
+    def counts(factor, dtype=None):
+        def edit(m):
+            shard, split = m["splits"]["train"]["shards"][0], m["splits"]["train"]
+            shard["tokens"] = split["tokens"] = int(tokens * factor)
+            m["dtype"] = dtype or m["dtype"]
+        return edit
+
+    cases = [(counts(0.5), f"splits.train.shards[0].tokens is {tokens // 2:,}, but train/000000.bin is recorded with {tokens * 2:,} bytes"),
+             (counts(2), f"splits.train.shards[0].tokens is {tokens * 2:,}, but train/000000.bin is recorded with {tokens * 2:,} bytes"),
+             (counts(1, "uint32"), f"{tokens // 2:,} uint32 ids"),
+             (lambda m: (counts(0.5)(m), m.update(requested_tokens=10**6)),  # a stream's last shard may be cut: at a document only
+              f"of {tokens // 2:,} tokens, but train/000000.idx puts them at tokens 0 to {tokens:,}; the manifest or the index was changed")]
+    for edit, message in cases:
+        _edited(where, edit)
+        with pytest.raises(DataError) as refused:
+            _open(cfg, where)
+        assert str(refused.value).startswith(f"data.prepared: {where}/manifest.json") and message in str(refused.value), str(refused.value)
+        (where / "manifest.json").write_text(original)
+    _edited(where, lambda m: m.update(max_token_id=50))
+    reader = _open(cfg, where, vocab=100)  # the manifest says its ids fit
+    with pytest.raises(DataError, match=f"^data.prepared: {where}/manifest.json: max_token_id is 50, but train/000000.bin holds id 2"):
+        reader.train.rows(np.arange(1))
 
 
 def test_an_interrupted_preparation_publishes_nothing_and_a_rerun_continues_by_part(tmp_path, text_config, text_file, monkeypatch):

@@ -259,3 +259,22 @@ def test_a_full_disk_stops_the_search_in_one_sentence_and_resume_continues_it(tm
     assert second["exit"] == 0, second["stderr"][-3000:]
     assert "Traceback" not in second["stderr"], second["stderr"]
     assert seen["summary"] and not {"running", "interrupted"} & set(seen["statuses"]), seen
+
+
+def test_a_set_with_a_cut_shard_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    """A search whose recipe names a prepared set that lost the end of a shard: one sentence naming the file, in seconds,
+    before Ray starts (its trials would each fail on it)."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+    assert main(["prepare", str(tmp_path / "tiny.yaml"), "--out", str(tmp_path / "set"), "--no-progress", "--workers", "1"]) == 0
+    shard = tmp_path / "set" / "train" / "000000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started before the set was refused")
+
+    monkeypatch.setattr("blockforge.search.driver.ensure_ray", no_ray)
+    capsys.readouterr()
+    assert main(["search", str(path), "--out", str(tmp_path / "out"), "--set", f"data.prepared={tmp_path / 'set'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"data.prepared: {shard} holds" in err and "prepare the set again" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "search.json").exists()
