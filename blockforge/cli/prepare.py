@@ -11,6 +11,9 @@ SEARCH_KEYS = {"cells", "space", "baselines", "trials_per_cell", "objective", "o
                "transfer", "guide", "constraints", "resources", "max_concurrent", "divergence", "steps", "overrides"}
 
 
+MAX_TOKENS = 10**18  # token counts and offsets are int64 in a set; no source holds more
+
+
 def token_count(text: str) -> int:
     """An argparse type: a count of tokens, whole or with a suffix (13.1B, 500M, 20k, 1e9)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
@@ -19,6 +22,8 @@ def token_count(text: str) -> int:
     value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a count of tokens; give 1 or more")
+    if not value <= MAX_TOKENS:  # inf too
+        raise argparse.ArgumentTypeError(f"{text} tokens is more than a set can hold; give at most 1e18")
     return round(value)
 
 
@@ -55,13 +60,17 @@ def _requests(args: argparse.Namespace) -> tuple[list, str | None]:
         from blockforge.search.config import load_search
         from blockforge.search.datasets import search_sets
 
+        from blockforge.errors import BlockforgeError
+
         plan = load_search(args.file, args.overrides)
         sets = search_sets(plan, args.tokens)
         if not sets:
-            from blockforge.errors import BlockforgeError
-
             raise BlockforgeError(f"{args.file}: its trials read no text that is not prepared already (data.prepared, or images); "
                                   "there is nothing to prepare")
+        if args.tokens is not None and not any(s.request.streamed for s in sets):
+            sources = ", ".join(sorted({s.request.data.source for s in sets}))
+            raise BlockforgeError(f"--tokens: every set {args.file} reads is finite (data.source {sources}) and is prepared whole "
+                                  "(it repeats in epochs as it trains); leave --tokens out")
         return [(s.request, s.rel, s) for s in sets], plan.name
     from blockforge.cli.common import load_recipe_with_sets
 
@@ -79,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         print(_plan(args, requests, search))
         return 0
+    _check_out(args.out)
     from blockforge.storage import Storage
 
     out = Storage.open(args.out)
@@ -95,6 +105,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(out: str) -> None:
+    """A local --out must be a folder, or a path where one can be made: checked before any work (a URI is checked where
+    the preparation opens it)."""
+    from blockforge.errors import BlockforgeError
+    from blockforge.storage import is_uri
+
+    if is_uri(out):
+        return
+    folder = os.path.expanduser(out)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise BlockforgeError(f"--out {out}: is a file, not a folder; give a folder (new or empty) for the prepared set")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise BlockforgeError(f"--out {out}: cannot make a folder there ({err.strerror or err}); give a folder this process "
+                              "can write") from None
+
+
 def _workers(args: argparse.Namespace, requests: list):
     """Where parts run: this process (one worker, or a set of one part), else Ray tasks on a local Ray or on --address."""
     from blockforge.data.prepare import InProcess, RayWorkers, part_count
@@ -102,18 +130,36 @@ def _workers(args: argparse.Namespace, requests: list):
     wanted = args.workers or (None if args.address else os.cpu_count() or 1)
     if args.address is None and (wanted == 1 or max(part_count(request) for request, _, _ in requests) <= 1):
         return InProcess(), False
-    from blockforge.cluster import ensure_ray
+    from blockforge.cluster import ensure_ray, stop_ray
 
     started = ensure_ray(args.address)
-    if args.address is not None and args.out and "://" not in args.out:
-        import ray
-
-        from blockforge.search.preflight import check_shared_folder
-
-        os.makedirs(args.out, exist_ok=True)
-        check_shared_folder(args.out, [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0],
-                            what="this folder", writes="its tasks would write where this process never reads")
+    if args.address is not None:
+        try:
+            _check_nodes(args, [request for request, _, _ in requests])
+        except BaseException:
+            if started:
+                stop_ray()
+            raise
     return RayWorkers(wanted), started
+
+
+def _check_nodes(args: argparse.Namespace, requests: list) -> None:
+    """Before any work on a cluster: every node that can run a part sees --out (a local folder) or reaches it (a storage),
+    and reads the files of a stream the parts read where they run."""
+    import ray
+
+    from blockforge.search.preflight import check_files_on_nodes, check_shared_folder, check_storage_on_nodes
+    from blockforge.storage import Storage, is_uri
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]
+    if is_uri(args.out):
+        check_storage_on_nodes(Storage.open(args.out), nodes, what="the storage of --out", runs="no part could be written from there",
+                               again="prepare again")
+    else:
+        check_shared_folder(args.out, nodes, what="this folder", writes="its tasks would write where this process never reads")
+    for request in requests:
+        if request.streamed and request.data.path:
+            check_files_on_nodes(request.data.path, nodes)
 
 
 def _prepare_one(request, where: str, workers, args: argparse.Namespace, entry) -> None:
@@ -133,9 +179,18 @@ def _prepare_one(request, where: str, workers, args: argparse.Namespace, entry) 
           f"train {train.tokens:,} tokens in {train.rows(manifest.layout):,} {manifest.layout.name} rows of {manifest.layout.context}, "
           f"validation {val.tokens:,} tokens; tokenizer {manifest.tokenizer['name']}")
     if entry is not None:
-        print(f"  read by {', '.join(entry.cells)}; `blockforge search {args.file} --out {args.out}` finds it there")
+        print(f"  read by {', '.join(entry.cells)}; `{_search_command(args)}` finds it there")
     else:
         print(f"  train on it with: --set data.prepared={where}")
+
+
+def _search_command(args: argparse.Namespace) -> str:
+    """The search command that reads what this preparation wrote: the same file, --set flags, --out and --address."""
+    import shlex
+
+    sets = [part for assignment in args.overrides for part in ("--set", str(assignment))]
+    where = ["--address", args.address] if args.address is not None else []
+    return shlex.join(["blockforge", "search", args.file, *sets, "--out", args.out, *where])
 
 
 def _plan(args: argparse.Namespace, requests: list, search: str | None) -> str:

@@ -108,6 +108,13 @@ def load_corpus(cfg: DataConfig, cache_dir: Path) -> Corpus:
 # --- builtin: the standard library's documentation ------------------------------------------------
 
 
+def builtin_key() -> str:
+    """What decides the builtin corpus: the Python it is extracted from and the extractor's own source."""
+    python = ".".join(map(str, sys.version_info[:3]))
+    extractor_hash = hashlib.sha256(EXTRACTOR.read_bytes()).hexdigest()[:12]
+    return f"{sys.implementation.name}{python}-{extractor_hash}"
+
+
 def builtin_documents(cache_dir: Path) -> tuple[list[str], dict[str, Any]]:
     """The stdlib documentation corpus, extracted on first use and then read from the cache.
 
@@ -115,8 +122,7 @@ def builtin_documents(cache_dir: Path) -> tuple[list[str], dict[str, Any]]:
     extraction rules is picked up without clearing anything.
     """
     python = ".".join(map(str, sys.version_info[:3]))
-    extractor_hash = hashlib.sha256(EXTRACTOR.read_bytes()).hexdigest()[:12]
-    path = Path(cache_dir) / "builtin" / f"stdlib-docs-{sys.implementation.name}{python}-{extractor_hash}.json"
+    path = Path(cache_dir) / "builtin" / f"stdlib-docs-{builtin_key()}.json"
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -24,6 +24,7 @@ import errno
 import io
 import itertools
 import json
+import math
 import os
 import shutil
 import socket
@@ -38,7 +39,7 @@ import numpy as np
 
 from blockforge.data.prepared import (FORMAT, MANIFEST, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, data_settings,
                                       recipe_layout, set_key, sha256_file)
-from blockforge.errors import BlockforgeError, DataError, FolderInUseError
+from blockforge.errors import BlockforgeError, DataError, FolderInUseError, warn
 from blockforge.io import writes_into
 from blockforge.spec.data import DataConfig
 from blockforge.storage import Lease, Storage, StorageError, cache_root
@@ -100,6 +101,50 @@ def request_for(recipe, tokens: int | None = None) -> Request:
     return request
 
 
+# ---- what a set is made from ------------------------------------------------------------------------
+
+
+def source_record(cfg: DataConfig) -> dict[str, Any]:
+    """What a source's documents come from beyond its settings, kept in the manifest to tell a changed source from the one
+    the set was made from: each local file (text files, an hf builder's data files) by its size and sha256 (read at
+    about 1.7 GB/s), the builtin corpus by the Python and extractor it comes from. A Hub dataset has no files here and
+    is known by its settings alone."""
+    from blockforge.data.corpus import builtin_key, expand_paths
+
+    if cfg.source == "builtin":
+        return {"builtin": builtin_key()}
+    if cfg.source == "text" or cfg.path:
+        return {"files": [{"path": path, "bytes": os.path.getsize(path), "sha256": sha256_file(Path(path))} for path in expand_paths(cfg.path)]}
+    return {}
+
+
+def source_change(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """How a source changed between two of its records, in words naming what changed; None where it did not."""
+    if recorded == now:
+        return None
+    if "builtin" in now or "builtin" in recorded:
+        return f"the builtin corpus changed (extracted by {recorded.get('builtin')} then, by {now.get('builtin')} now)"
+    before = {entry["path"]: entry for entry in recorded.get("files", [])}
+    for entry in now.get("files", []):
+        old = before.pop(entry["path"], None)
+        if old is None:
+            return f"{entry['path']} was added to the source"
+        if old != entry:
+            return f"{entry['path']} changed ({old['bytes']:,} bytes then, {entry['bytes']:,} now)"
+    if before:
+        return f"{next(iter(before))} was removed from the source"
+    return "the order of the source's files changed"
+
+
+def _source_now(request: Request) -> dict[str, Any] | None:
+    """The request's source record, or None where its files cannot be read here (a set made from them is then all there
+    is of them, and is not compared)."""
+    try:
+        return source_record(request.data)
+    except (DataError, OSError):
+        return None
+
+
 # ---- where the work runs -----------------------------------------------------------------------------
 
 
@@ -144,7 +189,9 @@ class RayWorkers:
 
     def submit(self, fn: Callable, *args) -> Any:
         if fn not in self._remote:
-            self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=2)(fn)  # a node lost mid-part: the part runs again
+            # A node lost mid-part: the part runs again. Ray starts its workers 15 nice levels down (RAY_worker_niceness):
+            # a part would yield its core to anything else the node runs, the caller included.
+            self._remote[fn] = self.ray.remote(num_cpus=1, max_retries=2, runtime_env={"env_vars": {"RAY_worker_niceness": "0"}})(fn)
         return self._remote[fn].remote(*args)
 
     def wait(self, handles: list) -> tuple[Any, Any]:
@@ -236,7 +283,8 @@ def _job_tokenizer(job: Job):
 
 
 class ShardWriter:
-    """One output shard of a part: ids appended document by document into a staging file, offsets and counts kept."""
+    """One output shard of a part: ids appended a chunk of documents at a time into a staging file, offsets and counts
+    kept (one bincount and one write a chunk: no per-document work but a length)."""
 
     def __init__(self, staging: Path, name: str, dtype: np.dtype, layout: Layout, vocab_size: int, cap: int | None, by_documents: bool):
         self.name, self.dtype, self.layout, self.cap, self.by_documents = name, dtype, layout, cap, by_documents
@@ -245,6 +293,7 @@ class ShardWriter:
         self.offsets = [0]
         self.counts = np.zeros(vocab_size, dtype=np.int64)
         self.source_tokens, self.max_id = 0, -1
+        self.kept = None if layout.pack else layout.context + 1  # a document row keeps context + 1 tokens
 
     @property
     def units(self) -> int:
@@ -252,16 +301,34 @@ class ShardWriter:
         return len(self.offsets) - 1 if self.by_documents else self.offsets[-1]
 
     @property
+    def room(self) -> int | None:
+        """Units until the cap (None: no cap)."""
+        return None if self.cap is None else self.cap - self.units
+
+    @property
     def full(self) -> bool:
         return self.cap is not None and self.units >= self.cap
 
-    def add(self, ids: np.ndarray) -> None:
+    def units_of(self, ids: np.ndarray) -> int:
+        """The units one document's `ids` add."""
+        if self.by_documents:
+            return 1
+        return len(ids) if self.kept is None else min(len(ids), self.kept)
+
+    def add(self, documents: list[np.ndarray]) -> None:
+        """Append `documents` (each one's ids), in order."""
+        if not documents:
+            return
+        ids = np.concatenate(documents)
         self.counts += np.bincount(ids, minlength=len(self.counts))[: len(self.counts)]
         self.source_tokens += len(ids)
         self.max_id = max(self.max_id, int(ids.max()))
-        kept = ids if self.layout.pack else ids[: self.layout.context + 1]  # a document row keeps context + 1 tokens
-        self.file.write(kept.astype(self.dtype, copy=False).tobytes())  # a failed write raises (numpy's tofile may not say)
-        self.offsets.append(self.offsets[-1] + len(kept))
+        lengths = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents))
+        if self.kept is not None and lengths.max() > self.kept:
+            lengths = np.minimum(lengths, self.kept)
+            ids = np.concatenate([document[: self.kept] for document in documents])
+        self.file.write(ids.astype(self.dtype, copy=False).tobytes())  # a failed write raises (numpy's tofile may not say)
+        self.offsets.extend((self.offsets[-1] + np.cumsum(lengths)).tolist())
 
     def close(self) -> dict[str, Any]:
         self.file.close()
@@ -293,8 +360,8 @@ def run_part(part: Part, job: Job, texts: list[str] | None = None) -> dict[str, 
                        for split in part.outputs}
             ended = _fill(part, job, tokenizer, writers, texts)
             outputs = {split: writer.close() for split, writer in writers.items()}
-        record = {"part": part.name, "ended": ended, "outputs": {}, "seconds": round(time.perf_counter() - started, 3),
-                  "cpu_seconds": round(time.process_time() - cpu, 3), "host": socket.gethostname()}
+        record = {"part": part.name, "ended": ended, "caps": job.caps, "outputs": {}, "seconds": round(time.perf_counter() - started, 3),
+                  "cpu_seconds": round(time.process_time() - cpu, 3), "host": socket.gethostname(), "nice": os.nice(0)}
         for split, output in outputs.items():
             if output["documents"] == 0:
                 continue  # nothing of this split in the part (a shard without held-out documents)
@@ -362,13 +429,34 @@ def _fill(part: Part, job: Job, tokenizer, writers: dict[str, ShardWriter], text
         else (lambda text: part.outputs[0])
     main = writers[part.outputs[0]]
     documents = iter(texts)
-    while chunk := list(itertools.islice(documents, ENCODE_DOCUMENTS)):
+    while chunk := list(itertools.islice(documents, _chunk_size(main))):
         chunk = [(text, split) for text in chunk if not writers[split := split_of(text)].full]  # a full side encodes no more
+        taken: dict[str, list[np.ndarray]] = {split: [] for split in writers}
+        room = main.room
         for (_, split), ids in zip(chunk, tokenizer.encode_documents(text for text, _ in chunk)):
-            writers[split].add(ids)
-            if main.full:  # the training side decides when a stream's part has given enough
-                return False
+            taken[split].append(ids)
+            if room is not None and writers[split] is main:
+                room -= main.units_of(ids)
+                if room <= 0:  # the training side decides when a stream's part has given enough
+                    break
+        for split, added in taken.items():
+            writers[split].add(added)
+        if main.full:
+            return False
     return True
+
+
+def _chunk_size(main: ShardWriter) -> int:
+    """Documents to encode next: ENCODE_DOCUMENTS, or fewer where the training side needs fewer to be full (by its mean
+    document so far), so the last part of a stream encodes little more than it keeps."""
+    room = main.room
+    if room is None:
+        return ENCODE_DOCUMENTS
+    documents = len(main.offsets) - 1
+    if not main.by_documents and not documents:
+        return ENCODE_DOCUMENTS
+    per_document = 1.0 if main.by_documents else main.units / documents
+    return max(1, min(ENCODE_DOCUMENTS, math.ceil(room / per_document)))
 
 
 def _stream_texts(part: Part, job: Job) -> Iterator[str]:
@@ -443,17 +531,19 @@ def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | Ra
     started = time.perf_counter()
     storage = Storage.open(out)
     workers = workers or InProcess()
-    done = _existing(storage, request)  # read before anything is written: a set that is there is only read
+    source = _source_now(request)
+    done = _existing(storage, request, source)  # read before anything is written: a set that is there is only read
     if done is not None:
         return Outcome(done, reused=True)
     with owning(storage, wait_s) as still_ours:
-        done = _existing(storage, request)  # another preparation finished it while this one waited
+        done = _existing(storage, request, source)  # another preparation finished it while this one waited
         if done is not None:
             return Outcome(done, reused=True)
         if not storage.local:
             storage.check()
-        _start(storage, request)
+        _start(storage, request, source)
         tokenizer, files = _tokenizer(storage, request, corpus, tokenizer, say)
+        _TOKENIZERS.setdefault(tokenizer.fingerprint, tokenizer)  # parts run in this process need not load it again
         job = Job(str(storage), request.data, request.layout, files, tokenizer.fingerprint,
                   hold_out=request.streamed and request.data.val_split is None, one_core=isinstance(workers, RayWorkers))
         records = _records(storage)
@@ -464,7 +554,7 @@ def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | Ra
         else:
             corpus = corpus if corpus is not None else _load_corpus(request.data)
             used, info = _run_finite(corpus, job, workers, records, progress)
-        manifest = _assemble(storage, request, tokenizer, used, info)
+        manifest = {**_assemble(storage, request, tokenizer, used, info), "source": source}
         still_ours()
         storage.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())  # last: from now on the folder is a set
         _clean(storage, used)
@@ -473,12 +563,14 @@ def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | Ra
 
 
 def set_prepared(storage: Storage, request: Request) -> bool:
-    """Whether `storage` holds `request`'s set already (another set there is refused, as prepare refuses it)."""
-    return _existing(storage, request) is not None
+    """Whether `storage` holds `request`'s set already (another set there, or this one made from a source that changed
+    since, is refused, as prepare refuses it)."""
+    return _existing(storage, request, _source_now(request)) is not None
 
 
-def _existing(storage: Storage, request: Request) -> Manifest | None:
-    """The set the folder holds, if it is this request's; a set of anything else is refused."""
+def _existing(storage: Storage, request: Request, source: dict | None) -> Manifest | None:
+    """The set the folder holds, if it is this request's and made from `source` (the source as it is now; None: not
+    readable here); a set of anything else is refused."""
     data = storage.read_bytes(MANIFEST)
     if data is None:
         return None
@@ -490,27 +582,43 @@ def _existing(storage: Storage, request: Request) -> Manifest | None:
     if manifest.fingerprint != request.fingerprint:
         raise BlockforgeError(f"{storage}: holds a prepared set of other data or another budget (fingerprint {manifest.fingerprint}, "
                               f"this one is {request.fingerprint}); choose another --out")
+    recorded = manifest.raw.get("source")
+    if source and not isinstance(recorded, dict):
+        warn(f"{storage}: its manifest does not record the source it was made from (an earlier blockforge wrote it), so a "
+             "change to the source since cannot be seen; it is used as it is")
+    change = None if source is None or not isinstance(recorded, dict) else source_change(recorded, source)
+    if change is not None:
+        raise BlockforgeError(f"{storage}: holds this data's set as prepared before {change}; choose another --out, or remove the "
+                              "folder to prepare it again from the source as it is now")
     return manifest
 
 
-def _start(storage: Storage, request: Request) -> None:
-    """Record what this folder is being prepared for, or check that an interrupted preparation there was for the same."""
+def _start(storage: Storage, request: Request, source: dict | None) -> None:
+    """Record what this folder is being prepared for and from, or check that an interrupted preparation there was for the
+    same, from the same source."""
     said = storage.read_bytes(STARTED)
     if said is not None:
         try:
-            fingerprint = json.loads(said).get("fingerprint")
-        except (ValueError, AttributeError):
-            fingerprint = None
+            started = json.loads(said)
+            fingerprint, recorded = started["fingerprint"], started.get("source")
+        except (ValueError, TypeError, KeyError):
+            raise BlockforgeError(f"{storage}/{STARTED}: is damaged (it does not read as the record of a preparation), so the "
+                                  "parts there cannot be told to be this data's; remove the folder to start over there, or "
+                                  "choose another --out") from None
         if fingerprint != request.fingerprint:
             raise BlockforgeError(f"{storage}: holds an unfinished preparation of other data or another budget; choose another "
                                   f"--out, or remove the folder to start over there")
+        change = None if source is None or not isinstance(recorded, dict) else source_change(recorded, source)
+        if change is not None:
+            raise BlockforgeError(f"{storage}: holds an unfinished preparation of this data begun before {change}; remove the "
+                                  "folder to start over there, or choose another --out")
         return
     others = [name for name in storage.listing() if name not in (LOCK, LEASE) and not name.startswith(".staging-")]
     if others:
         raise BlockforgeError(f"{storage}: is not empty and holds no prepared set (it has {others[0]}); give an empty or new --out")
     storage.write_bytes(STARTED, json.dumps({
         "fingerprint": request.fingerprint, "data": data_settings(request.data), "layout": request.layout.to_plain(),
-        "tokens": request.tokens, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tokens": request.tokens, "source": source, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }, indent=1).encode())
 
 
@@ -667,10 +775,6 @@ def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, reco
     """Run `parts` in order, up to workers.slots at once, until the finished ones, in order, hold `needed` units of
     `split`; returns the records of those parts. A part is started only while the parts done and running may fall
     short (judged by the parts done so far), and parts running once enough is held are stopped."""
-    def units(record: dict) -> int:
-        out = record["outputs"].get(split)
-        return 0 if out is None else (out["documents"] if unit == "doc" else out["tokens"])
-
     def prefix() -> tuple[int, list[dict]]:
         held, taken = 0, []
         for part in parts:
@@ -678,7 +782,7 @@ def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, reco
             if record is None or held >= needed:
                 break
             taken.append(record)
-            held += units(record)
+            held += _held(record, split, job.layout)
         return held, taken
 
     bar = _progress(needed, unit, progress, f"preparing {split}")
@@ -691,11 +795,11 @@ def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, reco
             bar.refresh()
             if held >= needed or len(taken) == len(parts):
                 break
-            done = [units(records[p.name]) for p in parts if p.name in records]
+            done = [_held(records[p.name], split, job.layout) for p in parts if p.name in records]
             mean = sum(done) / len(done) if done else 0.0
             while upcoming and len(pending) < workers.slots and (not pending or not done or sum(done) + len(pending) * mean < needed):
                 part = upcoming.pop(0)
-                pending[workers.submit(run_part, part, job)] = part
+                pending[workers.submit(run_part, part, _capped(job, part, parts, records))] = part
             if not pending:
                 break
             handle, record = workers.wait(list(pending))
@@ -704,6 +808,8 @@ def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, reco
         workers.cancel(list(pending))
         bar.close()
     held, taken = prefix()
+    if held >= needed and _rerun_last(parts[len(taken) - 1], parts, job, workers, records):
+        held, taken = prefix()
     if held < needed and not enough_if_ended:
         tokens = sum(r["outputs"]["train"]["tokens"] for r in taken if "train" in r["outputs"])
         rows = job.layout.rows(tokens, sum(r["outputs"]["train"]["documents"] for r in taken if "train" in r["outputs"]))
@@ -713,6 +819,31 @@ def _ordered(parts: list[Part], split: str, needed: int, job: Job, workers, reco
                         f"than the {request.tokens:,} asked for; ask for at most {rows * job.layout.context:,} (--tokens), or give "
                         "a larger source")
     return taken
+
+
+def _held(record: dict, split: str, layout: Layout) -> int:
+    """The units of `split` a part's record holds: documents (training rows of one document each), else tokens."""
+    output = record["outputs"].get(split)
+    return 0 if output is None else output["documents"] if by_documents(split, layout) else output["tokens"]
+
+
+def _capped(job: Job, part: Part, parts: list[Part], records: dict) -> Job:
+    """`job` for `part`, each cap lowered by what the parts before it that are done hold: the part encodes only what may
+    still be needed (exactly that when every part before it is done, as with one worker), never less, so which documents
+    the set holds does not depend on which parts ran at once."""
+    before = [records[p.name] for p in parts[: parts.index(part)] if p.name in records]
+    return replace(job, caps={split: max(0, cap - sum(_held(r, split, job.layout) for r in before)) for split, cap in job.caps.items()})
+
+
+def _rerun_last(last: Part, parts: list[Part], job: Job, workers, records: dict) -> bool:
+    """Run the last part a set uses again if it ran with caps above what the set needs of it (it started before the parts
+    ahead of it ended): what it holds beyond the last document used (validation read further, the counts of more
+    documents) would then depend on which parts ran at once. True if it ran again."""
+    exact = _capped(job, last, parts, records)  # every part before it is done
+    if records[last.name].get("caps") == exact.caps:
+        return False
+    records[last.name] = workers.wait([workers.submit(run_part, last, exact)])[1]
+    return True
 
 
 def _cut(storage: Storage, output: dict, wanted: int, documents_count: bool) -> tuple[int, int]:

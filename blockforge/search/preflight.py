@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import uuid
 from pathlib import Path
+from typing import Any, Iterator
 
 from blockforge.errors import BlockforgeError, SpecError
 from blockforge.search.config import SearchPlan, cell_name
@@ -73,12 +75,31 @@ def check_cluster(plan: SearchPlan, needs: dict[str, int], address: str | None, 
 SEEN_TIMEOUT_S = 60.0  # how long the per-node check of a local search folder may take (a node that must start a worker first)
 
 
+def _ask_nodes(nodes: list[dict], fn, *args) -> Iterator[tuple[dict, Any]]:
+    """(node, what `fn(*args)` returned there) for each node, one small task pinned to each; a node that does not answer
+    within SEEN_TIMEOUT_S gives 'no answer (ERROR)'."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0)(fn)
+    pending = {node["NodeID"]: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(*args)
+               for node in nodes}
+    for node in nodes:
+        try:
+            yield node, ray.get(pending[node["NodeID"]], timeout=SEEN_TIMEOUT_S)
+        except Exception as err:  # the node did not answer: it cannot be shown to do what is asked
+            yield node, f"no answer ({type(err).__name__})"
+
+
+def _named(node: dict) -> str:
+    return f"node {node.get('NodeManagerAddress', '?')} (id {node['NodeID'][:12]})"
+
+
 def check_shared_folder(folder: Path, nodes: list[dict], what: str = "this search folder",
                         writes: str = "its trials would write where the driver never reads") -> None:
     """Every node that can run a trial, other than the driver's own, must see the local search folder: a marker is
     written there and one small task per node reads it. A node that cannot is refused by name, before any trial."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
     nodes = [node for node in nodes if node["NodeID"] != here]
@@ -88,18 +109,10 @@ def check_shared_folder(folder: Path, nodes: list[dict], what: str = "this searc
     marker = Path(folder) / f".node-check-{token}"
     marker.write_text(token)
     try:
-        sees = ray.remote(num_cpus=0)(_sees)
-        pending = {node["NodeID"]: sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker), token)
-                   for node in nodes}
-        for node in nodes:
-            try:
-                seen = ray.get(pending[node["NodeID"]], timeout=SEEN_TIMEOUT_S)
-            except Exception as err:  # the node did not answer: it cannot be shown to see the folder
-                seen = f"no answer ({type(err).__name__})"
+        for node, seen in _ask_nodes(nodes, _sees, str(marker), token):
             if seen is not True:
-                where = node.get("NodeManagerAddress", "?")
                 raise BlockforgeError(
-                    f"{folder}: node {where} (id {node['NodeID'][:12]}) cannot see {what} ({seen}), and {writes}; put it on a "
+                    f"{folder}: {_named(node)} cannot see {what} ({seen}), and {writes}; put it on a "
                     "filesystem every node mounts (NFS), or in an object store: --out s3://BUCKET/PREFIX (or gs://...)")
     finally:
         marker.unlink(missing_ok=True)
@@ -109,35 +122,55 @@ def check_shared_folder(folder: Path, nodes: list[dict], what: str = "this searc
 STORAGE_VARIABLES = ("AWS_", "GOOGLE_", "GCS_", "GCE_", "CLOUDSDK_", "AZURE_", "AZURE_STORAGE_")
 
 
-def check_storage_on_nodes(storage, nodes: list[dict]) -> None:
+def check_storage_on_nodes(storage, nodes: list[dict], what: str = "the search's storage", runs: str = "no trial could run there",
+                           again: str = "start the search again") -> None:
     """Every node that can run a trial (the driver's own too: a cluster's nodes keep the environment `ray start` had)
     writes, reads back and removes a probe object in the search's storage, one small task per node, before the first
     trial. A node that cannot is refused by name, with the storage variables this driver has and it lacks."""
     import os
 
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if not nodes:
-        return
     here = sorted(name for name in os.environ if name.startswith(STORAGE_VARIABLES))
-    probe = ray.remote(num_cpus=0)(_reaches)
-    pending = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(storage.uri, here)
-               for node in nodes}
-    for node in nodes:
-        try:
-            found = ray.get(pending[node["NodeID"]], timeout=SEEN_TIMEOUT_S)
-        except Exception as err:  # the node did not answer: it cannot be shown to reach the storage
-            found = {"reason": f"no answer ({type(err).__name__})", "missing": []}
+    for node, found in _ask_nodes(nodes, _reaches, storage.uri, here):
         if found is True:
             continue
-        where = node.get("NodeManagerAddress", "?")
+        if isinstance(found, str):
+            found = {"reason": found, "missing": []}
         missing = found.get("missing") or []
         fix = (f"that node lacks {', '.join(missing)}, which this driver has: set them where that node's `ray start` runs "
-               "(its environment is its workers'), then start the search again") if missing else \
-            "check that node's network, endpoint and credentials, then start the search again"
-        raise BlockforgeError(f"{storage}: node {where} (id {node['NodeID'][:12]}) cannot reach the search's storage "
-                              f"({found.get('reason')}), so no trial could run there; {fix}")
+               f"(its environment is its workers'), then {again}") if missing else \
+            f"check that node's network, endpoint and credentials, then {again}"
+        raise BlockforgeError(f"{storage}: {_named(node)} cannot reach {what} ({found.get('reason')}), so {runs}; {fix}")
+
+
+def check_files_on_nodes(patterns, nodes: list[dict], key: str = "data.path",
+                         why: str = "the parts of a stream read its files where they run") -> None:
+    """Every node (the driver's own too: its workers may start elsewhere than this process) finds the files `patterns`
+    name here, at the same sizes, as a task there would look for them. A node that does not is refused by name."""
+    from blockforge.data.corpus import expand_paths
+
+    expected = {path: os.path.getsize(path) for path in expand_paths(patterns)}
+    for node, found in _ask_nodes(nodes, _finds, patterns, expected):
+        if found is not True:
+            raise BlockforgeError(f"{key}: {_named(node)} does not read the files this process reads ({found}), and {why}; put "
+                                  "them on every node at the same absolute path, or on a filesystem every node mounts")
+
+
+def _finds(patterns, expected: dict[str, int]):
+    """Run on one node: True if the files `patterns` name there are `expected` (path -> size), else what differs."""
+    import os
+
+    from blockforge.data.corpus import expand_paths
+
+    try:
+        found = {path: os.path.getsize(path) for path in expand_paths(patterns)}
+    except Exception as err:  # a DataError's sentence ("... matches no files (relative to ...)"), or the file system's
+        return str(err).split("; ")[0]
+    for path, size in expected.items():
+        if path not in found:
+            return f"{path} is not there"
+        if found[path] != size:
+            return f"{path} holds {found[path]:,} bytes there, {size:,} here"
+    return True
 
 
 def _reaches(uri: str, names: list[str]):

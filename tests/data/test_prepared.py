@@ -293,6 +293,30 @@ def test_shard_bytes_are_checked_when_first_read_and_a_manifest_that_disagrees_w
         reader.train.rows(np.arange(1))
 
 
+def test_a_set_whose_source_changed_or_whose_preparation_record_is_damaged_is_refused_naming_the_file(prepared, tmp_path, text_file):
+    """A set is what it was made from: its source text changed since, `prepare` again refuses the set (and an unfinished
+    preparation begun before the change) naming the file, where it once said the set was there already."""
+    from blockforge.data.prepare import STARTED, Request, prepare
+    from blockforge.errors import BlockforgeError
+
+    where, cfg = prepared
+    request = Request(cfg, Layout(pack=True, context=16))
+    assert prepare(request, where, progress=False).reused
+    text_file.write_text(text_file.read_text() + "\nOne sentence more.\n")
+    with pytest.raises(BlockforgeError, match=f"^{where}: holds this data's set as prepared before {text_file} changed "
+                                              r"\([\d,]+ bytes then, [\d,]+ now\); choose another --out, or remove the folder"):
+        prepare(request, where, progress=False)
+    manifest = json.loads((where / "manifest.json").read_text())
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / STARTED).write_text(json.dumps({"fingerprint": manifest["fingerprint"], "source": manifest["source"]}))
+    with pytest.raises(BlockforgeError, match=f"^{unfinished}: holds an unfinished preparation of this data begun before {text_file} changed"):
+        prepare(request, unfinished, progress=False)
+    (unfinished / STARTED).write_text('{"fingerprint": ')
+    with pytest.raises(BlockforgeError, match=f"^{unfinished}/{STARTED}: is damaged .* remove the folder to start over there"):
+        prepare(request, unfinished, progress=False)
+
+
 def test_an_interrupted_preparation_publishes_nothing_and_a_rerun_continues_by_part(tmp_path, text_config, text_file, monkeypatch):
     from blockforge.data import prepare as prepare_module
     from blockforge.data.prepare import Request, prepare
@@ -385,15 +409,24 @@ def test_prepare_flags_are_one_sentence(tmp_path, capsys):
     from tiny_data import tiny_recipe
 
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": "r.yaml", "space": {"model.layers.mix_ln.alpha": {"uniform": [0.0, 0.5]}}}))
+    (tmp_path / "a-file").write_text("mine")
+    recipe, out = str(tmp_path / "r.yaml"), str(tmp_path / "o")
     cases = [
-        (["prepare", str(tmp_path / "r.yaml")], "--out: say where the prepared set goes"),
-        (["prepare", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "o"), "--tokens", "1M"], "--tokens: data.source text is finite"),
-        (["prepare", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "o"), "--tokens", "lots"], "'lots' is not a count of tokens"),
+        (["prepare", recipe], "--out: say where the prepared set goes"),
+        (["prepare", recipe, "--out", out, "--tokens", "1M"], "--tokens: data.source text is finite"),
+        (["prepare", str(tmp_path / "s.yaml"), "--out", out, "--tokens", "1M"], f"--tokens: every set {tmp_path / 's.yaml'} reads is finite"),
+        (["prepare", recipe, "--out", out, "--tokens", "lots"], "'lots' is not a count of tokens"),
+        (["prepare", recipe, "--out", out, "--tokens", "1e9999"], "1e9999 tokens is more than a set can hold; give at most 1e18"),
+        (["prepare", recipe, "--out", out, "--tokens", "1e400"], "1e400 tokens is more than a set can hold"),
+        (["prepare", recipe, "--out", str(tmp_path / "a-file")], f"--out {tmp_path / 'a-file'}: is a file, not a folder"),
+        (["prepare", recipe, "--out", "/proc/self/x"], "--out /proc/self/x: cannot make a folder there"),
     ]
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()  # nothing made for a refused command
 
 
 def test_where_rows_are_read_from_is_no_part_of_a_trials_identity(tmp_path):
@@ -409,3 +442,81 @@ def test_where_rows_are_read_from_is_no_part_of_a_trials_identity(tmp_path):
     for where in ("/data/sets/tiny", "s3://bucket/sets/tiny"):
         assert trial_identity(load_recipe(tmp_path / "r.yaml", [Assignment("data.prepared", where)])) == trial_identity(plain)
     assert trial_identity(load_recipe(tmp_path / "r.yaml", [Assignment("data.pack", False)])) != trial_identity(plain)
+
+
+def test_the_last_part_of_a_stream_encodes_what_the_set_needs_and_the_set_does_not_depend_on_timing(tmp_path, text_config, documents,
+                                                                                                       monkeypatch):
+    """A stream of three files (three parts) prepared to a budget that needs a few documents of the third: that part stops
+    at them. A part that started before the ones ahead of it ended (as with several workers) ran with a larger budget, and
+    runs again when it is the last one used, so the set is the same set, byte for byte."""
+    from blockforge.data import prepare as prepare_module
+    from blockforge.data.prepare import Request, prepare
+
+    for i in range(3):
+        (tmp_path / f"s{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents[i * 27 : (i + 1) * 27]))
+    cfg = text_config(source="hf", dataset="json", path=[str(tmp_path / f"s{i}.jsonl") for i in range(3)], val_split=None,
+                      streaming=True, pack=False, bpe_train_chars=2000)
+    request = Request(cfg, Layout(pack=False, context=16), tokens=16 * 45)  # 45 rows, one document each
+    exact = prepare(request, tmp_path / "exact", progress=False)
+    records = [json.loads((tmp_path / "exact" / "parts" / f"stream-{i:06d}.json").read_text()) for i in range(3)]
+    before = sum(r["outputs"]["train"]["documents"] for r in records[:2])
+    last = records[2]["outputs"]
+    assert 0 < last["train"]["documents"] == 45 - before and last["train"]["documents"] + last.get("val", {}).get("documents", 0) < 15
+    real, started = prepare_module._capped, set()
+
+    def early(job, part, parts, records):  # a part's first start: none of the parts ahead of it had ended
+        if part.name in started:
+            return real(job, part, parts, records)
+        started.add(part.name)
+        return job
+
+    monkeypatch.setattr(prepare_module, "_capped", early)
+    again = prepare(request, tmp_path / "early", progress=False)
+    assert again.manifest.splits == exact.manifest.splits and again.manifest.unigram_val_ppl == exact.manifest.unigram_val_ppl
+
+
+def test_prepare_on_a_cluster_checks_every_node_first_naming_the_one_that_cannot_reach_the_storage_or_the_source(tmp_path, monkeypatch,
+                                                                                                                 jsonl_file, text_config):
+    """Nodes stood in by a list: one reaches no storage, or runs its tasks in a folder where a stream's relative path
+    finds nothing. Each is one sentence naming that node, before any work; the line printed at the end names the
+    search command with --address and --set."""
+    import argparse
+    import contextlib
+    import os
+
+    import ray
+
+    from blockforge.cli import prepare as cli_prepare
+    from blockforge.data.prepare import Request
+    from blockforge.errors import BlockforgeError
+    from blockforge.search import preflight
+    from blockforge.spec.recipe import Assignment
+
+    nodes = [{"Alive": True, "NodeID": f"{name * 16}", "NodeManagerAddress": f"10.0.0.{i}", "Resources": {"CPU": 2.0}}
+             for i, name in enumerate("ab", 1)]
+    (tmp_path / "elsewhere").mkdir()
+    reaches = {"reason": "Access Denied", "missing": ["AWS_SECRET_ACCESS_KEY"]}
+
+    def ask(asked, fn, *args):  # node 10.0.0.2 starts its tasks in a folder of its own
+        for node in asked:
+            with contextlib.chdir(tmp_path / "elsewhere" if node is nodes[1] else os.getcwd()):
+                yield node, (reaches if node is nodes[1] else True) if fn is preflight._reaches else fn(*args)
+
+    class Bucket(str):  # what the checks read of a Storage: its URI, its name
+        uri = property(str)
+
+    monkeypatch.setattr(preflight, "_ask_nodes", ask)
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr("blockforge.storage.Storage.open", Bucket)
+    monkeypatch.chdir(tmp_path)
+    request = Request(text_config(source="hf", dataset="json", path=jsonl_file.name, streaming=True, val_split=None),
+                      Layout(pack=False, context=16), tokens=480)
+    args = argparse.Namespace(out="s3://bucket/set", file="s.yaml", overrides=[Assignment("train.steps", 10)], address="auto")
+    with pytest.raises(BlockforgeError, match=r"node 10\.0\.0\.2 \(id bbbbbbbbbbbb\) cannot reach the storage of --out \(Access Denied\), "
+                                              "so no part could be written from there; that node lacks AWS_SECRET_ACCESS_KEY.* then prepare again"):
+        cli_prepare._check_nodes(args, [request])
+    reaches = True
+    with pytest.raises(BlockforgeError, match=r"^data.path: node 10\.0\.0\.2 \(id bbbbbbbbbbbb\) does not read the files this process "
+                                              r"reads \(data.path: 'corpus.jsonl' is not a file \(relative to .*elsewhere\)\), and the parts"):
+        cli_prepare._check_nodes(args, [request])
+    assert cli_prepare._search_command(args) == "blockforge search s.yaml --set train.steps=10 --out s3://bucket/set --address auto"

@@ -381,8 +381,9 @@ def test_a_search_prepares_its_data_once_and_every_trial_reads_that_set(tmp_path
     outcome = run_search(path, out=tmp_path / "local", progress_every_s=0)
     sets = list((tmp_path / "local" / "data").glob("*/manifest.json"))
     assert len(sets) == 1
-    hosts = {json.loads(p.read_text())["host"] for p in (sets[0].parent / "parts").glob("*.json")}
-    assert len(list((sets[0].parent / "parts").glob("train-*.json"))) > 1 and hosts  # parts, run as tasks
+    records = [json.loads(p.read_text()) for p in (sets[0].parent / "parts").glob("*.json")]
+    assert len(list((sets[0].parent / "parts").glob("train-*.json"))) > 1 and {r["host"] for r in records}  # parts, run as tasks
+    assert {r["nice"] for r in records} == {os.nice(0)}  # at the driver's priority, not Ray's 15 levels below
     runs = [tmp_path / "local" / r.run_dir for r in outcome.records if r.status == "completed"]
     assert len(runs) == 2 and {json.loads((run / "data.json").read_text())["prepared"] for run in runs} == {str(sets[0].parent)}
 
