@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import yaml
 from torch import nn
 
 from blockforge.errors import BlockforgeError, CorruptFolderError
@@ -321,9 +322,13 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, extra_
         save_weights(model, stage / "model.safetensors", spec)
         save_spec(spec, stage / "spec.yaml")
         with writes_into(stage, "the export", "free space there or choose another --out"):
-            for record in ("recipe.yaml", "data.json", SOURCE_FILE, GENERATION_FILE):  # what it was trained with, and on; where it came from
+            for record in (SOURCE_FILE, GENERATION_FILE):  # where it came from
                 if (run_dir / record).exists():
                     shutil.copyfile(run_dir / record, stage / record)
+            if (run_dir / "recipe.yaml").exists():  # what it was trained with, and on
+                atomic_write_text(stage / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
+            if (run_dir / "data.json").exists():
+                atomic_write_json(stage / "data.json", data)
             if (run_dir / "tokenizer").is_dir():
                 shutil.copytree(run_dir / "tokenizer", stage / "tokenizer")
         if source is None:
@@ -417,7 +422,23 @@ def _run_records(run_dir: Path) -> tuple[dict, dict, dict]:
     recipe = read_yaml(run_dir / "recipe.yaml") if (run_dir / "recipe.yaml").exists() else {}
     if not isinstance(result, dict) or not isinstance(data, dict) or not isinstance(recipe, dict):
         raise CorruptFolderError(f"{run_dir}: result.json, data.json or recipe.yaml is not a mapping; {damaged}")
-    return result, data, recipe
+    return result, *_without_local_sets(data, recipe)
+
+
+def _without_local_sets(data: dict, recipe: dict) -> tuple[dict, dict]:
+    """The run's data description and recipe as an export carries them: without the folder its node read a prepared set
+    from (its cache, or a local path), which names that machine and nothing elsewhere; a set in a storage (a URI) is
+    named still, and every set by its fingerprint."""
+    from blockforge.storage import is_uri
+
+    def local(where) -> bool:
+        return isinstance(where, str) and not is_uri(where)
+
+    data = {key: value for key, value in data.items() if not (key == "prepared" and local(value))}
+    recipe_data = recipe.get("data")
+    if isinstance(recipe_data, dict) and local(recipe_data.get("prepared")):
+        recipe = {**recipe, "data": {key: value for key, value in recipe_data.items() if key != "prepared"}}
+    return data, recipe
 
 
 def _convert_into(run_dir: Path, out_dir: Path, exporter, extra_card: str = "", dtype: torch.dtype | None = None) -> None:

@@ -396,3 +396,14 @@ def test_real_process_shows_no_traceback(trained, tmp_path, argv, status, needle
     assert "Traceback" not in done.stderr and needle in done.stderr, done.stderr
     assert done.returncode == status and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
+
+
+def test_an_export_holds_no_folder_of_the_node_it_was_trained_on(trained):
+    """The run records where its node read the prepared set (the node's cache here); its export, card included, does not,
+    and names the set by its fingerprint."""
+    run = json.loads((trained / "run" / "data.json").read_text())
+    assert run["prepared"].startswith(str(blockforge.data.cache_dir()))
+    exported = json.loads((trained / "export" / "data.json").read_text())
+    assert "prepared" not in exported and exported["prepared_fingerprint"] == run["prepared_fingerprint"]
+    for name in ("data.json", "recipe.yaml", "README.md"):
+        assert str(blockforge.data.cache_dir()) not in (trained / "export" / name).read_text(), name
