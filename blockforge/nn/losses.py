@@ -1,7 +1,8 @@
 """Training losses, one per kind of head: next-token prediction and image classification.
 
 Each returns (mean loss, samples counted, correctly classified or None), which `evaluate` weights
-and turns into the family's metrics.
+and turns into the family's metrics. Nothing here reads a value back from the device (a count of
+unpadded targets stays a tensor): a training step calls them and must not wait for the device.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def lm_loss(model: nn.Module, tokens: torch.Tensor, pad_id: int | None = None) -> tuple[torch.Tensor, int, None]:
-    """Mean next-token cross-entropy of (B, T+1) tokens, and the number of predicted tokens."""
+def lm_loss(model: nn.Module, tokens: torch.Tensor, pad_id: int | None = None) -> tuple[torch.Tensor, int | torch.Tensor, None]:
+    """Mean next-token cross-entropy of (B, T+1) tokens, and the number of predicted tokens (a tensor on the device when
+    padding is left out of the count: its reader decides when to wait for it)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     logits = model(inputs)  # (B, T, vocab)
     ignore = pad_id if pad_id is not None else -100
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore)
-    count = int((targets != ignore).sum()) if pad_id is not None else targets.numel()
+    count = (targets != ignore).sum() if pad_id is not None else targets.numel()
     return loss, count, None
 
 

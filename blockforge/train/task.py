@@ -28,6 +28,7 @@ def evaluate(model: nn.Module, batches: list, runtime: Runtime, pad_id: int | No
     with runtime.autocast():
         for batch in batches:
             loss, count, right = family.loss(model, to_device(batch, runtime.device), pad_id)
+            count = int(count)  # evaluation reads every batch's figures
             total_loss += float(loss) * count
             total_count += count
             correct += int(right) if right is not None else 0
