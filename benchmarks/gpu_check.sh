@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one command, for a machine with one CUDA GPU and PyTorch, transformers, timm and
 # pytest already installed (blockforge runs from this checkout; ray, optuna, datasets and gguf are not
-# needed for these checks; the data stage's streaming row runs only where `datasets` imports). Each stage has its own
-# time limit, and its log lands in $OUT (default runs/gpu-check). STAGES picks stages (default: all four, in this order).
+# needed for these checks but the search stage's, which needs ray and optuna: ../shared/tools/device_wheels.sh packs them
+# to take along; the data stage's streaming row runs only where `datasets` imports). Each stage has its own
+# time limit, and its log lands in $OUT (default runs/gpu-check). STAGES picks stages (default: all five, in this order).
+# DEVICE=cpu runs the data and search stages on the CPU (tests/test_gpu_search.py runs the search stage that way).
 #
 #     bash benchmarks/gpu_check.sh
 #     STAGES="tests train" bash benchmarks/gpu_check.sh
@@ -14,7 +16,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZER
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, transformers, timm; print("torch", torch.__version__, "transformers", transformers.__version__, "timm", timm.__version__)'
 
-STAGES=${STAGES:-tests throughput data train}
+STAGES=${STAGES:-tests throughput data search train}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if stage tests; then
@@ -80,6 +82,12 @@ print("data:", json.dumps(line))
 (out / "data.json").write_text(json.dumps(line, indent=1))
 PY
   echo "data rc ${PIPESTATUS[0]}"
+fi
+
+if stage search; then
+  echo "== a Ray Tune search with four trials sharing the GPU (resources: {gpu: 0.25}), against one trial alone"
+  timeout "${SEARCH_LIMIT:-480}" python3 benchmarks/gpu_search.py --device "${DEVICE:-cuda}" --json "$OUT/search.json" 2>&1 | tee "$OUT/search.log"
+  echo "search rc ${PIPESTATUS[0]}"
 fi
 
 stage train || exit 0

@@ -132,3 +132,19 @@ def test_the_live_view_in_a_notebook_is_one_bar_of_the_trials_done(tmp_path):
     assert "completed" in view.bar.postfix
     view.close()
     assert view.bar is None
+
+
+def test_run_search_in_a_notebook_shows_a_bar_and_keeps_rays_lines_out(monkeypatch):
+    import logging
+
+    from blockforge.search import api
+
+    ray_log = logging.getLogger("ray")
+    before = ray_log.level
+    monkeypatch.setattr(api, "in_notebook", lambda: True)
+    with api._quiet_ray_in_notebook() as mode:
+        assert mode == "bar" and ray_log.level == logging.ERROR
+    assert ray_log.level == before
+    monkeypatch.setattr(api, "in_notebook", lambda: False)
+    with api._quiet_ray_in_notebook() as mode:
+        assert mode == "lines" and ray_log.level == before
