@@ -109,3 +109,21 @@ def test_generate_refuses_a_prompt_that_is_not_text_in_one_sentence(language_mod
     assert main(["generate", str(language_model), "--prompt", ""]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--prompt '': encodes to no token" in err
+
+
+def test_a_finished_search_exits_though_a_library_thread_would_hold_it_open(tmp_path):
+    """After the summary, a search command ends within its grace however long a library's thread keeps running (what a
+    tracker's service or a storage's pool can do): the exit code it computed is kept, and one line says what happened."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, threading, time
+        from blockforge.cli import search
+        threading.Thread(target=time.sleep, args=(600,)).start()  # a library's thread, not a daemon: the interpreter waits for it
+        search._exit_within(0.5, 3)
+        sys.exit(3)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "a library's threads still held the process open; it exits now" in done.stderr

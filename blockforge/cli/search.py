@@ -54,12 +54,35 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(outcome.summary)
     print(f"\nsearch folder: {outcome.location or outcome.search_dir} (summary.md, results.csv, best/, plots)")
+    code = 0
     unfinished = nothing_finished(outcome)
     if unfinished is not None and outcome.interrupted is None:
         print(f"blockforge: error: {unfinished}", file=sys.stderr)
-        return 1
+        code = 1
     if outcome.interrupted is not None:
         name = signal.Signals(outcome.interrupted).name
         print(f"blockforge: stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}", file=sys.stderr)
-        return 128 + outcome.interrupted
-    return 0
+        code = 128 + outcome.interrupted
+    _exit_within(EXIT_GRACE_S, code)
+    return code
+
+
+EXIT_GRACE_S = 60.0  # how long the search's libraries may hold the finished process open
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """Once the search is done and said, the process ends within `seconds` however it ends: a library's thread left
+    running (a tracker's service, a storage's pool, Ray's own) that keeps the interpreter from exiting is cut off, with one
+    line, since everything the search keeps is written by then."""
+    import os
+    import sys
+    import threading
+
+    def cut_off() -> None:
+        threading.Event().wait(seconds)
+        print(f"blockforge: the search ended {seconds:.0f} s ago and a library's threads still held the process open; it exits now",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    threading.Thread(target=cut_off, name="blockforge-exit", daemon=True).start()
