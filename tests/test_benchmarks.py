@@ -75,9 +75,11 @@ def test_the_data_throughput_benchmark_measures_every_path(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["paths"]["prepared_tokens_per_s"] > result["paths"]["streaming_tokens_per_s"] > 0
-    assert result["preparation"]["two_workers"]["tokens_encoded"] == result["preparation"]["one_worker"]["tokens_encoded"] > 0
+    assert result["paths"]["prepared_vs_memmap"] > 0 and result["check"]["cpu_s_per_gb"] > 0
+    # two workers may encode more of the last part: it can start before the parts ahead of it end
+    assert result["preparation"]["two_workers"]["tokens_encoded"] >= result["preparation"]["one_worker"]["tokens_encoded"] > 0
     assert set(result["resume"]["order_saved_s"]) == {"0", "1000", "1000000", "100000000"}
-    assert "| prepared set, tokens of rows/s per core" in done.stdout
+    assert "| prepared set's reader, tokens of rows/s per core" in done.stdout
 
 
 @pytest.mark.slow
