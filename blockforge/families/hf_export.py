@@ -581,7 +581,7 @@ inputs = tokenizer("The model", return_tensors="pt")
 print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=False)[0], skip_special_tokens=True))
 
 generator = pipeline("text-generation", model="path/to/this/folder"{remote})
-print(generator("The model", max_new_tokens=40)[0]["generated_text"])
+print(generator("The model", max_new_tokens=40, do_sample=False)[0]["generated_text"])  # the same text: greedy, as generate
 ```
 """
 
