@@ -1,16 +1,20 @@
 """README.md and the pages under docs/ name only what exists: every `blockforge` subcommand and flag they write (with
 the values they give it), every repository file, folder and make target, and every recipe or search-file key (in YAML
 blocks and as dotted keys) is checked against the code. No mkdocs needed: the key sets are the ones
-docs/gen_reference.py generates the reference pages from. The checkers are tested on wrong lines too."""
+docs/gen_reference.py generates the reference pages from. The checkers are tested on wrong lines too. Every line of
+every bash block is run in document order in a fresh folder (as written, or as its --plan/--help twin; the expensive
+ones as written in the slow test), or marked on the page with the reason it cannot run here."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import importlib.util
 import itertools
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -423,3 +427,284 @@ def test_wrong_paths_targets_and_keys_are_found():
     assert not yaml_problems("apiVersion: ray.io/v1\nkind: RayJob")
     assert table_problems("| field | values |\n|---|---|\n| `window`, `windw` | x |\n")
     assert not table_problems("| placement | formula |\n|---|---|\n| `pre` | x |\n")
+
+
+# ---- every bash block: run in document order, or marked with why it cannot run here ---------------------------------
+#
+# The pages are read as a reader would: README, then the site's pages in mkdocs.yml's order, each bash block's lines one
+# after another, in one fresh folder holding a copy of recipes/ and searches/ (so `runs/tiny` trained on one page is the
+# one a later page exports). A block that cannot run on a two-core machine without the network says so right before its
+# fence, for readers of the page source as for this test:
+#
+#     <!-- not run here: REASON -->                          the whole block
+#     <!-- not run here: "PATTERN", "PATTERN": REASON; ... -->   the block's lines that contain a pattern
+#
+# Every other line is run: as written, or as its twin, the cheap form of a command too long for the default suite (a
+# search's --plan: the file, its --set keys and cells checked, its compute plan printed, nothing trained; --help: the
+# command and its flags parse; make -n: the target and what it would run). RUNS says which, per command; the slow test
+# runs the expensive ones as written (the two searches shortened by SHORTER, the same --set on every line that runs or
+# resumes them). A line the same as one run before it (README's tour, repeated on a concept page) is not run again:
+# run twice, its folder already holds its result and it is refused, as it should be.
+
+SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
+MARKER = re.compile(r"^\s*<!--\s*not run here:\s*(.*?)\s*-->\s*$")
+AS_WRITTEN, PLAN, HELP, MAKE_N, COMPILE, SLOW_ONLY = "as written", "twin: --plan", "twin: --help", "twin: make -n", "twin: compiled", "slow only"
+
+# (the command, how the default suite runs it, how the slow test runs it), first match wins.
+RUNS = [
+    (r"blockforge (inspect|(search|prepare) .*--plan)\b", AS_WRITTEN, AS_WRITTEN),  # nothing is trained: seconds
+    (r"blockforge search ", PLAN, AS_WRITTEN),                        # minutes of training (shortened by SHORTER)
+    (r"blockforge (train|prepare|eval|analyze|export|generate) ", HELP, AS_WRITTEN),  # trains, or reads what training wrote
+    (r"python -c ", COMPILE, AS_WRITTEN),                             # reads a finished search
+    (r"make [\w-]+$", MAKE_N, MAKE_N),      # installs .venv from PyPI and runs a suite (this one too) or the quickstart,
+                                            # whose two commands getting-started prints and this test runs
+    (r"python benchmarks/export_roundtrip\.py$", SLOW_ONLY, AS_WRITTEN),  # 15 s, and no flags: --help would run it
+    (r"python benchmarks/\w+\.py", HELP, HELP),  # minutes to hours of measuring; tests/test_benchmarks.py runs them small
+]
+# The slow test's shortening of the searches the pages run (the quickstart's is the one getting-started prints).
+SHORTER = {"searches/quickstart.yaml": ["--set", "steps=60"], "searches/kv-pareto-cpu.yaml": ["--set", "steps=60"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command line of a bash block and how the default suite and the slow test take it."""
+    page: str
+    line: int
+    words: tuple[str, ...]
+    default: str   # AS_WRITTEN, a twin, SLOW_ONLY, "repeat of PAGE:LINE" or "not run here: REASON"
+    slow: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
+    def text(self) -> str:
+        return shlex.join(self.words)
+
+
+def reading_order() -> list[Path]:
+    """README, then the site's pages as mkdocs.yml's nav lists them, then any page it leaves out."""
+    def names(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from names(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from names(item)
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    ordered = [ROOT / "README.md"] + [ROOT / "docs" / name for name in names(nav) if (ROOT / "docs" / name).is_file()]
+    return ordered + [page for page in PAGES if page not in ordered]
+
+
+def parse_marker(text: str) -> tuple[str | None, dict[str, str]]:
+    """A marker's reason for the whole block, or its reasons by line pattern."""
+    if not text.startswith('"'):
+        return text, {}
+    reasons = {}
+    for part in text.split(";"):
+        match = re.fullmatch(r'\s*((?:"[^"]+"\s*,?\s*)+):\s*(\S.*?)\s*', part)
+        if not match:
+            raise ValueError(f"marker {text!r}: write it as \"PATTERN\", \"PATTERN\": REASON; ...")
+        reasons.update({pattern: match.group(2) for pattern in re.findall(r'"([^"]+)"', match.group(1))})
+    return None, reasons
+
+
+def block_lines(body: str) -> list[tuple[int, list[str]]]:
+    """(offset in the block, words) of each command line of a shell block, continuation lines joined, comments left out."""
+    found, pending, first = [], "", 0
+    for offset, line in enumerate(body.splitlines()):
+        if not pending:
+            first = offset
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        words = _tokens(pending + line)
+        pending = ""
+        if words:
+            found.append((first, words))
+    return found
+
+
+def how_run(words: list[str]) -> tuple[str, str] | None:
+    if any(word in SHELL_STOPS for word in words):
+        return None
+    line = shlex.join(words)
+    return next(((default, slow) for pattern, default, slow in RUNS if re.match(pattern, line)), None)
+
+
+def walkthrough() -> tuple[list[Step], list[str]]:
+    """Every command line of every bash block in reading order, with how it is run; and the problems: a line neither
+    run nor marked, a marker that does not parse or names no line of its block."""
+    steps, problems, seen = [], [], {}
+    for page in reading_order():
+        name = str(page.relative_to(ROOT))
+        lines = page.read_text().splitlines()
+        for lang, body, fence in fenced_blocks(page.read_text()):
+            if lang not in SHELL_LANGS:
+                continue
+            marker = MARKER.match(lines[fence - 2]) if fence >= 2 else None
+            try:
+                whole, by_pattern = parse_marker(marker.group(1)) if marker else (None, {})
+            except ValueError as err:
+                problems.append(f"{name}:{fence - 1}: {err}")
+                continue
+            commands = block_lines(body)
+            for pattern in by_pattern:
+                if not any(pattern in " ".join(words) for _, words in commands):
+                    problems.append(f"{name}:{fence - 1}: the marker's {pattern!r} is in no line of the block below it")
+            for offset, words in commands:
+                where = f"{name}:{fence + 1 + offset}"
+                reason = whole or next((why for pattern, why in by_pattern.items() if pattern in " ".join(words)), None)
+                key = tuple(words)
+                if reason:
+                    how = (f"not run here: {reason}",) * 2
+                elif key in seen:
+                    how = (f"repeat of {seen[key]}",) * 2
+                else:
+                    how = how_run(words)
+                    if how is None:
+                        problems.append(f"{where}: `{shlex.join(words)}` is neither run by this test (RUNS) nor marked "
+                                        "<!-- not run here: ... --> with its reason")
+                        continue
+                    seen[key] = where
+                steps.append(Step(name, fence + 1 + offset, key, *how))
+    return steps, problems
+
+
+def test_every_bash_block_is_run_or_marked_with_its_reason():
+    steps, problems = walkthrough()
+    assert not problems, "\n".join(problems)
+    assert steps and all(step.default != SLOW_ONLY or step.slow == AS_WRITTEN for step in steps)
+
+
+def test_a_line_neither_run_nor_marked_is_found(tmp_path, monkeypatch):
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text("```bash\nray start --head\nblockforge inspect recipes/x.yaml | head\n```\n\n"
+                    "<!-- not run here: \"s3://\": a bucket -->\n```bash\nblockforge train recipes/x.yaml --out runs/x\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PAGES", [page])
+    (tmp_path / "mkdocs.yml").write_text("nav:\n  - Page: page.md\n")
+    (tmp_path / "README.md").write_text("<!-- not run here: a GPU -->\n```bash\ntorchrun x\n```\n")
+    steps, problems = walkthrough()
+    assert [p.split(": ", 1)[0] for p in problems] == ["docs/page.md:2", "docs/page.md:3", "docs/page.md:6"]
+    assert [(s.where, s.default) for s in steps] == [("README.md:3", "not run here: a GPU"), ("docs/page.md:8", HELP)]
+    assert parse_marker('"a", "b": x; "c": y') == (None, {"a": "x", "b": "x", "c": "y"})
+
+
+def _docs_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "reader"
+    for name in ("recipes", "searches"):
+        shutil.copytree(ROOT / name, folder / name)
+    return folder
+
+
+def _run(step: Step, how: str, folder: Path) -> tuple[int, str]:
+    """Run `step` the way `how` says, in `folder`: its exit status and what it printed."""
+    import contextlib
+    import io
+    import runpy
+    import subprocess
+
+    words = list(step.words)
+    if how == MAKE_N:
+        done = subprocess.run(["make", "-n", "-C", str(ROOT), *words[1:]], capture_output=True, text=True, timeout=600)
+        return done.returncode, done.stdout + done.stderr
+    if how == COMPILE:
+        compile(words[2], step.where, "exec")
+        return 0, ""
+    if words[0] == "python" and words[1] == "-c":
+        done = subprocess.run([sys.executable, *words[1:]], cwd=folder, capture_output=True, text=True, timeout=600)
+        return done.returncode, done.stdout + done.stderr
+    out = io.StringIO()
+    if words[0] == "python":  # a benchmark, from the repository (it finds its neighbours by its own path)
+        argv = [str(ROOT / words[1]), *(["--help"] if how == HELP else words[2:])]
+        saved_argv, saved_path = sys.argv, list(sys.path)
+        sys.argv = argv
+        try:
+            with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+        return code, out.getvalue()
+    from blockforge.cli import main
+
+    argv = words[1:]
+    if how == PLAN:
+        argv = [word for word in argv if not word.startswith("--resume")] + ["--plan"]
+    elif how == HELP:
+        argv = [*argv, "--help"]
+    else:
+        argv += SHORTER.get(argv[1], []) if argv[0] == "search" else []
+    with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def _walk(tmp_path: Path, slow: bool) -> tuple[Path, list[tuple[Step, str, float]], list[str]]:
+    """Every step run in order, with the time each took; and the failures (a step after a failure runs all the same, so
+    one run names every line that fails, those that fail only because an earlier one did among them)."""
+    import time
+
+    steps, problems = walkthrough()
+    assert not problems, "\n".join(problems)
+    folder, done, failed = _docs_folder(tmp_path), [], []
+    for step in steps:
+        how = step.slow if slow else step.default
+        if how.startswith(("not run here", "repeat of")) or how == SLOW_ONLY:
+            done.append((step, how, 0.0))
+            continue
+        started = time.monotonic()
+        code, printed = _run(step, how, folder)
+        if code != 0:
+            failed.append(f"{step.where}: `{step.text}` ({how}) exited {code}:\n{printed[-3000:]}")
+        done.append((step, how, time.monotonic() - started))
+        print(f"{done[-1][2]:7.1f} s  {how:<13}  {step.where}  exit {code}", flush=True)  # shown with -s, as it goes
+    return folder, done, failed
+
+
+def _report(done: list[tuple[Step, str, float]]) -> str:
+    counts = {}
+    for _, how, _ in done:
+        kind = how.split(":")[0] if how.startswith(("not run here", "twin")) else how.split(" of ")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    rows = "\n".join(f"{seconds:7.1f} s  {how:<28.28}  {step.where:<42} {step.text[:90]}" for step, how, seconds in done)
+    return rows + "\n" + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
+def test_the_documented_commands_run_in_document_order_or_as_their_twins(tmp_path):
+    _, done, failed = _walk(tmp_path, slow=False)
+    print(_report(done))
+    assert not failed, "\n\n".join(failed)
+    assert any(how == AS_WRITTEN for _, how, _ in done) and any(how == PLAN for _, how, _ in done)
+
+
+@pytest.mark.slow
+def test_the_documented_commands_run_as_written_in_document_order(tmp_path):
+    """Every line that can run here, run as written in one folder (the two searches shortened), then the Python lines
+    that load the transformers export: its pipeline prints what its greedy generate prints, and so does blockforge."""
+    import contextlib
+    import io
+
+    from blockforge.cli import main
+
+    folder, done, failed = _walk(tmp_path, slow=True)
+    print(_report(done))
+    assert not failed, "\n\n".join(failed)
+    text = (ROOT / "docs" / "howto" / "export-and-serve.md").read_text()
+    block = next(body for lang, body, _ in fenced_blocks(text) if lang == "python" and "pipeline(" in body)
+    printed = []
+    with contextlib.chdir(folder):
+        exec(compile(block, "export-and-serve.md", "exec"), {"print": lambda *args: printed.append(" ".join(map(str, args)))})
+    assert len(printed) == 2 and printed[0] == printed[1], printed
+    out = io.StringIO()
+    with contextlib.chdir(folder), contextlib.redirect_stdout(out):
+        assert main(["generate", "models/tiny-hf", "--prompt", "The model", "--max-new-tokens", "40"]) == 0
+    assert out.getvalue() == printed[0] + "\n", (out.getvalue(), printed[0])  # blockforge ends its text with a newline
