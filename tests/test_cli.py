@@ -111,9 +111,10 @@ def test_generate_refuses_a_prompt_that_is_not_text_in_one_sentence(language_mod
     assert err.count("\n") == 1 and "--prompt '': encodes to no token" in err
 
 
-def test_a_finished_search_exits_though_a_library_thread_would_hold_it_open(tmp_path):
+def test_a_finished_search_exits_though_a_library_thread_would_hold_it_open(tmp_path, monkeypatch):
     """After the summary, a search command ends within its grace however long a library's thread keeps running (what a
-    tracker's service or a storage's pool can do): the exit code it computed is kept, and one line says what happened."""
+    tracker's service or a storage's pool can do): the exit code it computed is kept, and one line says what happened. A
+    caller running the command in its own process (main with arguments) is never cut off."""
     import subprocess
     import sys
     import textwrap
@@ -122,8 +123,15 @@ def test_a_finished_search_exits_though_a_library_thread_would_hold_it_open(tmp_
         import sys, threading, time
         from blockforge.cli import search
         threading.Thread(target=time.sleep, args=(600,)).start()  # a library's thread, not a daemon: the interpreter waits for it
-        search._exit_within(0.5, 3)
+        search.exit_within(0.5, 3)
         sys.exit(3)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and "a library's threads still held the process open; it exits now" in done.stderr
+    from blockforge.cli import main
+
+    calls = []
+    monkeypatch.setattr("blockforge.cli.search.exit_within", lambda *args: calls.append(args))
+    monkeypatch.setattr("blockforge.cli.search.run", lambda args: 0)
+    main(["search", "searches/quickstart.yaml"])
+    assert not calls

@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         # Past a file size limit (ulimit -f) a write then fails with an OSError, reported below, instead of killing us.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
-        return args.func(args)
+        code = args.func(args)
+        if argv is None and args.command == "search":  # this process is the command: it ends soon after the search did
+            from blockforge.cli.search import EXIT_GRACE_S, exit_within
+
+            exit_within(EXIT_GRACE_S, code)
+        return code
     except BlockforgeError as err:
         print(f"blockforge: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -63,17 +63,17 @@ def run(args: argparse.Namespace) -> int:
         name = signal.Signals(outcome.interrupted).name
         print(f"blockforge: stopped by {name}; the reports cover the trials so far; resume with: {outcome.resume_command}", file=sys.stderr)
         code = 128 + outcome.interrupted
-    _exit_within(EXIT_GRACE_S, code)
     return code
 
 
 EXIT_GRACE_S = 60.0  # how long the search's libraries may hold the finished process open
 
 
-def _exit_within(seconds: float, code: int) -> None:
+def exit_within(seconds: float, code: int) -> None:
     """Once the search is done and said, the process ends within `seconds` however it ends: a library's thread left
     running (a tracker's service, a storage's pool, Ray's own) that keeps the interpreter from exiting is cut off, with one
-    line, since everything the search keeps is written by then."""
+    line, since everything the search keeps is written by then. Only for the `blockforge` process itself (cli.main on the
+    command line's own arguments), never for a caller that runs the command in its own process."""
     import os
     import sys
     import threading

@@ -129,6 +129,12 @@ def plot_stability(found: Findings, path: Path | None = None):
         ax.axhline(lr, color="0.4", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    depths = sorted({d for points in series.values() for d, *_ in points})
+    if depths:  # the cells' depths as the x axis's ticks, written plainly
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("depth L")
     ax.set_ylabel("largest stable learning rate")
     ax.set_title(f"{plan.name}: largest stable lr per candidate\n(bars: 95% over seeds; dotted: the search's lr; dashed: fitted law)", fontsize=9)
