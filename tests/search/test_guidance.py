@@ -98,8 +98,12 @@ def test_a_guided_search_killed_and_rebuilt_from_its_ledger_keeps_every_decision
     _, whole, _ = drive(plan, tmp_path / "whole", curve)
     first = CellSearcher(plan, tmp_path / "cut")
     drive_curves(first, NoScheduler(), curve, limit=5000, stop_after=lambda handed: len(handed) >= len(whole) - 12)  # mid-growth
+    in_flight = first.suggest("killed")  # handed out, and killed while it trains: a guided cell's exploration trial
+    assert (in_flight["cell"], in_flight["stage"]) == ("depth=16", "explore")
+    assert [r.trial for r in Ledger(tmp_path / "cut" / "trials.jsonl").mark_interrupted("stopped")] == [in_flight["number"]]
     again = CellSearcher(plan, tmp_path / "cut", from_ledger=True)
-    drive_curves(again, NoScheduler(), curve, limit=5000)
+    handed = drive_curves(again, NoScheduler(), curve, limit=5000)
+    assert handed[0]["identity"] == in_flight["identity"] and handed[0]["number"] == in_flight["number"]  # taken up first, as itself
     trained = lambda folder: sorted((r.cell, r.stage, r.status, r.post_ln_layers, r.seed) for r in Ledger(folder / "trials.jsonl").records())  # noqa: E731
     assert trained(tmp_path / "cut") == trained(tmp_path / "whole")  # the same models and seeds trained, the window grown alike
 

@@ -87,10 +87,13 @@ class GuidedExplore(Explore):
         layers = next(d for d in dims if d.name == MIX_LN_COUNT)
         self.lowest, self.highest = layers.args
         self.others = [d for d in dims if d.name != MIX_LN_COUNT]
-        self.tried = [plan.sampler_params(name, r.overrides) for r in records if r.cell == name and r.stage == StageName.EXPLORE]
+        explored = [r for r in records if r.cell == name and r.stage == StageName.EXPLORE]
+        stopped = [plan.sampler_params(name, r.overrides) for r in explored if r.status in (Status.RUNNING, Status.INTERRUPTED)]
+        self.tried = [plan.sampler_params(name, r.overrides) for r in explored if r.status not in (Status.RUNNING, Status.INTERRUPTED)]
         first = [plan.sampler_params(name, b) for b in plan.baselines]
         pre_ln = self._points(self.lowest)[:1] if self.lowest == 0 else []
-        self.pending = [p for i, p in enumerate(first + pre_ln) if p not in (first + pre_ln)[:i] and p not in self.tried]
+        # the trials a stop interrupted continue first, under their own numbers; then the baselines and Pre-LN not yet tried
+        self.pending = [p for i, p in enumerate(stopped + first + pre_ln) if p not in (stopped + first + pre_ln)[:i] and p not in self.tried]
         self.window: list[int] | None = None  # the k it explores: the law's range and its margins, then what growth added
         self.predicted: tuple[int, int] | None = None  # the law's range of k
         self.grew: list[int] = []
