@@ -4,6 +4,7 @@ summary.md, open_search and the trackers' table say them; and every bad setting 
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -191,9 +192,9 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
     import blockforge
     from blockforge.train.loop import Trainer
 
-    # Each chain's probe at the search's lr is the confirmation's run; the one at lr_max (4x, one grid step) trains 200 steps.
+    # Each chain's probe at the search's lr is the confirmation's run; the one at lr_max (4x, one grid step) trains 100 steps.
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[], space={ALPHA: {"grid": [0.0, 0.5]}},
-                        sampler={"grid": {}}, max_concurrent=1, overrides={"train.steps": 200, "train.checkpoint_every": 5, "train.eval_every": 10,
+                        sampler={"grid": {}}, max_concurrent=1, overrides={"train.steps": 100, "train.checkpoint_every": 5, "train.eval_every": 10,
                                                                              "train.log_every": 10},
                         confirm={"top": 2, "seeds": 1, "stability": {"lr_max": 0.012, "resolution": 4.0}})
     out = tmp_path / "out"
@@ -210,11 +211,13 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
 
     done = threading.Event()
     threading.Thread(target=stop_once_a_probe_has_a_checkpoint, daemon=True).start()
-    with pytest.raises(blockforge.SearchInterrupted):
+    again = f"resume with: blockforge.run_search('{path}', out='{out}', resume=True) (from a shell: blockforge search {path} --out {out} --resume)"
+    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*{re.escape(again)}"):
         try:
             blockforge.run_search(path, out=out)
         finally:
             done.set()
+    assert not blockforge.open_search(out).running
     stopped = [run for run in probe_folders() if not (run / "result.json").exists() or
                json.loads((run / "result.json").read_text())["status"] == "interrupted"]
     assert stopped
@@ -228,7 +231,7 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
         attempts = [json.loads(x) for x in (run / "attempts.jsonl").read_text().splitlines()]
         assert len(attempts) == 2 and attempts[1]["start_step"] > 0, attempts
         steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if json.loads(x)["event"] == "train"]
-        assert steps == sorted(set(steps)) and steps[-1] == 200
+        assert steps == sorted(set(steps)) and steps[-1] == 100
         recipe = blockforge.load_recipe(run / "recipe.yaml")
         alone = Trainer(recipe, tmp_path / "alone" / run.name, progress=False).run()  # the same probe, never stopped
         assert json.loads((run / "result.json").read_text())["stability"] == alone.stability.record()
