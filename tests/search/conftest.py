@@ -173,10 +173,35 @@ def _stand_in_checkpoint(run_dir: Path, step: int) -> None:
 
 def _needs_checkpoints(searcher, config: dict, run_dir: Path) -> None:
     """A trial that continues a run finds the checkpoint it continues from (thinning never took what a stage still needs)."""
-    from blockforge.search.config import trial_dir
-
     source = config.get("continues")
     if source:
         assert list((Path(searcher.search_dir) / source / "checkpoints").glob("step-*/state.json")), f"{source} lost its checkpoint"
     elif (run_dir / "metrics.jsonl").exists() and not (run_dir / "result.json").exists():  # a stopped run taken up again
         assert list((run_dir / "checkpoints").glob("step-*/state.json")), f"{run_dir} was thinned before it was continued"
+
+
+def run_search_stopped_by_sigterm(path: Path, out: Path, ready) -> None:
+    """`blockforge.run_search(path, out=out)`, sent SIGTERM (as a cluster preempts the process) once `ready()` holds: it
+    raises SearchInterrupted with the Python and the shell line that resume it, and leaves the search not running."""
+    import os
+    import re
+    import signal
+    import threading
+
+    import blockforge
+
+    def stop_when_ready():
+        while not ready():
+            if done.wait(0.05):
+                return
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    done = threading.Event()
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    again = f"resume with: blockforge.run_search('{path}', out='{out}', resume=True) (from a shell: blockforge search {path} --out {out} --resume)"
+    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*{re.escape(again)}"):
+        try:
+            blockforge.run_search(path, out=out)
+        finally:
+            done.set()
+    assert not blockforge.open_search(out).running

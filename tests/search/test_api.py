@@ -2,11 +2,7 @@
 reports say; blockforge.run_search: the command line's search from Python."""
 
 import json
-import re
-import os
 import shutil
-import signal
-import threading
 from pathlib import Path
 
 import pandas
@@ -25,7 +21,7 @@ from blockforge.search.store import SearchStore
 from blockforge.spec.serialize import load_spec
 from blockforge.storage import Storage
 
-from .conftest import drive_curves, write_search
+from .conftest import drive_curves, run_search_stopped_by_sigterm, write_search
 from .test_golden import ROOT, synthetic_curves
 
 ALPHA = "model.layers.mix_ln.alpha"
@@ -322,20 +318,7 @@ def test_a_sigterm_inside_run_search_leaves_a_resumable_search(tmp_path, ray_ses
                         overrides={"train.steps": 120, "train.checkpoint_every": 10, "train.eval_every": 10})
     out = tmp_path / "out"
 
-    def stop_once_a_checkpoint_is_there():
-        while not list(out.glob("trials/*/*/checkpoints/latest.json")):
-            if done.wait(0.05):
-                return
-        os.kill(os.getpid(), signal.SIGTERM)  # as a cluster preempts the process
-
-    done = threading.Event()
-    threading.Thread(target=stop_once_a_checkpoint_is_there, daemon=True).start()
-    again = f"resume with: blockforge.run_search('{path}', out='{out}', resume=True) (from a shell: blockforge search {path} --out {out} --resume)"
-    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*{re.escape(again)}"):
-        try:
-            blockforge.run_search(path, out=out)
-        finally:
-            done.set()
+    run_search_stopped_by_sigterm(path, out, lambda: bool(list(out.glob("trials/*/*/checkpoints/latest.json"))))
     stopped = blockforge.open_search(out)
     assert not stopped.running and "interrupted" in set(stopped.results()["status"])
     search = blockforge.run_search(path, out=out, resume=True)

@@ -4,7 +4,6 @@ summary.md, open_search and the trackers' table say them; and every bad setting 
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from blockforge.search.report import write_reports
 from blockforge.search.searcher import CellSearcher
 from blockforge.search.stability_check import FAILED, STABLE, UNSTABLE, Grid, replay
 
-from .conftest import drive, write_search
+from .conftest import drive, run_search_stopped_by_sigterm, write_search
 
 ALPHA = "model.layers.mix_ln.alpha"
 
@@ -183,10 +182,6 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
     """A real search (Ray, training) with the stage, SIGTERM while a probe trains, then resume: the probe continues from its
     checkpoint (no step trained twice), every chain ends, and the stopped probe is judged as the same run trained without a
     stop is."""
-    import os
-    import signal
-    import threading
-
     import yaml
 
     import blockforge
@@ -203,21 +198,7 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
         return [run for run in out.glob("trials/*/*") if (run / "recipe.yaml").exists()
                 and yaml.safe_load((run / "recipe.yaml").read_text())["train"]["lr"] == 0.012]
 
-    def stop_once_a_probe_has_a_checkpoint():
-        while not any((run / "checkpoints" / "latest.json").exists() for run in probe_folders()):
-            if done.wait(0.05):
-                return
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    done = threading.Event()
-    threading.Thread(target=stop_once_a_probe_has_a_checkpoint, daemon=True).start()
-    again = f"resume with: blockforge.run_search('{path}', out='{out}', resume=True) (from a shell: blockforge search {path} --out {out} --resume)"
-    with pytest.raises(blockforge.SearchInterrupted, match=f"stopped by SIGTERM.*{re.escape(again)}"):
-        try:
-            blockforge.run_search(path, out=out)
-        finally:
-            done.set()
-    assert not blockforge.open_search(out).running
+    run_search_stopped_by_sigterm(path, out, lambda: any((run / "checkpoints" / "latest.json").exists() for run in probe_folders()))
     stopped = [run for run in probe_folders() if not (run / "result.json").exists() or
                json.loads((run / "result.json").read_text())["status"] == "interrupted"]
     assert stopped
