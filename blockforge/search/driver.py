@@ -531,6 +531,23 @@ def stored_marker(store: SearchStore) -> dict | None:
     return read_marker(store.local) if (store.local / MARKER).exists() else None
 
 
+def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view, interrupts,
+                               rebuild: bool, command: str) -> None:
+    """_fit; where the driver's own writes (the ledger) fail on a full disk or a storage gone, the failure is noted on
+    `interrupts` as a trial's is (the search then stops with its sentence); a Ray failure is raised as its sentence."""
+    try:
+        _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild)
+    except Exception as err:
+        if interrupts.phase != "fit":
+            raise
+        if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
+            reason = _write_failure_in(err)
+            if reason is None:
+                _raise_ray_failure(err, command)
+                raise
+            interrupts.write_failure, interrupts.write_fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
+
+
 def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, address: str | None, resume: bool,
                max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float, progress: str = "lines") -> SearchOutcome:
     """run_search in a search folder this driver holds the lock of."""
@@ -569,18 +586,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                     store.put(MARKER)
                 view = ProgressView(ledger, plan, every_s=progress_every_s, tracking=tracking, mode=progress)
                 ProgressView.current = view
-                try:
-                    _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=bool(retried))
-                except Exception as err:  # the driver's own writes (the ledger) on a full disk or a storage gone: as for a trial's
-                    if interrupts.phase != "fit":
-                        raise
-                    if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
-                        reason = _write_failure_in(err)
-                        if reason is None:
-                            _raise_ray_failure(err, command)
-                            raise
-                        interrupts.write_failure, interrupts.write_fix = _failure_sentence(
-                            err, f"{store}: cannot write the search's records ({reason})")
+                _fit_noting_write_failures(plan, store, resume, max_concurrent, view, interrupts, bool(retried), command)
             except BaseException:
                 if interrupts.phase == "start" and not resume:
                     marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
