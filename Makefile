@@ -23,7 +23,7 @@ quickstart: $(VENV)/.installed
 	$(BIN)/blockforge export $(QUICKSTART_OUT) --cell depth=8 --out runs/quickstart-best-depth8 --format hf --force
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2   # two workers share the two cores (tests/conftest.py gives each one thread)
 
 test-slow: $(VENV)/.installed
 	$(BIN)/python -m pytest -m slow

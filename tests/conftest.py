@@ -8,8 +8,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Tests pin the thread count: more threads than cores slows torch badly on small machines.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests pin the thread count: more threads than cores slows torch badly on small machines. Under pytest-xdist
+# (`make test` runs two workers) the workers share the cores.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
+torch.set_num_threads(THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # the commands the tests start (their own processes) too
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
