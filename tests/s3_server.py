@@ -22,7 +22,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PROXY_PORT = int(os.environ.get("BLOCKFORGE_TEST_S3_PORT") or free_port())
+# One endpoint per test process and the commands it starts (they inherit it); each pytest-xdist worker its own, not the
+# one its controller chose when it read this module.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+INHERITED = os.environ.get("BLOCKFORGE_TEST_S3_PORT") if os.environ.get("BLOCKFORGE_TEST_S3_WORKER") == WORKER else None
+PROXY_PORT = int(INHERITED or free_port())
 ENV = {
     "AWS_ENDPOINT_URL": f"http://127.0.0.1:{PROXY_PORT}",
     "AWS_ACCESS_KEY_ID": "testing",
@@ -30,6 +34,7 @@ ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
     "BLOCKFORGE_TEST_S3_PORT": str(PROXY_PORT),  # subprocesses (a CLI driver) keep the same endpoint
+    "BLOCKFORGE_TEST_S3_WORKER": WORKER,
 }
 os.environ.update(ENV)
 
