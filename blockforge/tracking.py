@@ -161,7 +161,8 @@ class _MLflow:
             self.client.set_tag(run_id, f"blockforge.{name}", str(value))
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
-    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None) -> None:
+    def table(self, name: str, title: str, columns: list[str], rows: list[list], summary: dict, parent: str | None = None,
+              run_id: str | None = None) -> None:
         """The table as `name`.json on the search's run, replaced whole each time (log_table would append the rows to the
         last report's), in log_table's layout and with its tag, so MLflow's UI shows it as a table."""
         if parent is None:
@@ -296,12 +297,9 @@ class Trackers:
         """A table of answers (a search's, per cell) with a summary, in each tracker: replacing the last one (W&B: in the
         same run, continued; MLflow: the same artifact on the search's run)."""
         for tracker, backend in list(self.backends.items()):
-            if tracker == "wandb":
-                answered = self._guarded(tracker, "logging the answers", lambda: backend.table(
-                    name, title, columns, rows, summary, run_id=self.state.get("answers")))
-                self.state["answers"] = answered or self.state.get("answers")
-            else:
-                self._guarded(tracker, "logging the answers", lambda: backend.table(name, title, columns, rows, summary, self.state.get("parent")))
+            answered = self._guarded(tracker, "logging the answers", lambda: backend.table(
+                name, title, columns, rows, summary, parent=self.state.get("parent"), run_id=self.state.get("answers")))
+            self.state["answers"] = answered or self.state.get("answers")  # W&B's answers run, continued next time
 
     def save(self) -> None:
         """Keep what was logged where (tracking.json), for a resume."""

@@ -118,9 +118,11 @@ def source_record(cfg: DataConfig) -> dict[str, Any]:
     return {}
 
 
-def source_change(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """How a source changed between two of its records, in words naming what changed; None where it did not."""
-    if recorded == now:
+def source_change(recorded: Any, now: dict[str, Any] | None) -> str | None:
+    """How a source changed between two of its records, in words naming what changed; None where it did not, or where
+    either cannot be compared (`now` None: its files are not readable here; `recorded` not a record: an earlier blockforge
+    wrote none)."""
+    if now is None or not isinstance(recorded, dict) or recorded == now:
         return None
     if "builtin" in now or "builtin" in recorded:
         return f"the builtin corpus changed (extracted by {recorded.get('builtin')} then, by {now.get('builtin')} now)"
@@ -586,7 +588,7 @@ def _existing(storage: Storage, request: Request, source: dict | None) -> Manife
     if source and not isinstance(recorded, dict):
         warn(f"{storage}: its manifest does not record the source it was made from (an earlier blockforge wrote it), so a "
              "change to the source since cannot be seen; it is used as it is")
-    change = None if source is None or not isinstance(recorded, dict) else source_change(recorded, source)
+    change = source_change(recorded, source)
     if change is not None:
         raise BlockforgeError(f"{storage}: holds this data's set as prepared before {change}; choose another --out, or remove the "
                               "folder to prepare it again from the source as it is now")
@@ -608,7 +610,7 @@ def _start(storage: Storage, request: Request, source: dict | None) -> None:
         if fingerprint != request.fingerprint:
             raise BlockforgeError(f"{storage}: holds an unfinished preparation of other data or another budget; choose another "
                                   f"--out, or remove the folder to start over there")
-        change = None if source is None or not isinstance(recorded, dict) else source_change(recorded, source)
+        change = source_change(recorded, source)
         if change is not None:
             raise BlockforgeError(f"{storage}: holds an unfinished preparation of this data begun before {change}; remove the "
                                   "folder to start over there, or choose another --out")

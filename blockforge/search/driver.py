@@ -44,6 +44,7 @@ class ProgressView:
         prints a status line per update (a terminal, a log), "bar" keeps one progress bar (a notebook)."""
         self.path, self.plan, self.every_s, self.scheduler = ledger.path, plan, every_s, scheduler  # no stream held: Tune pickles callbacks
         self.mode, self.bar = mode, None
+        self.planned: dict[str, int] | None = None  # each cell's worst case in trials, computed at the first update that needs it
         self.started = time.time()
         self.last = 0.0
         self.journal = None  # views.LiveJournal, opened at the first update
@@ -92,7 +93,7 @@ class ProgressView:
 
     def _planned(self) -> dict[str, int]:
         """Each cell's worst case in trials (the compute plan's), computed once."""
-        if getattr(self, "planned", None) is None:
+        if self.planned is None:
             from blockforge.search.plan import search_plan
 
             self.planned = {c.cell: c.total_trials for c in search_plan(self.plan)}

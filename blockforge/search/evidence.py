@@ -139,8 +139,7 @@ class CellEvidence:
 
         out = []
         for c in self.candidates:
-            to_pre = paired_difference(c.values, self.reference.values) if self.reference is not None and c is not self.reference else None
-            to_winner = paired_difference(c.values, self.winner.values) if self.winner is not None and c is not self.winner else None
+            to_pre, to_winner = self.paired(c)
             role = "winner" if c is self.winner else "Pre-LN reference" if c is self.reference else "runner-up" if c is self.runner_up else ""
             out.append([describe(c), "-" if c.post_ln_layers is None else c.post_ln_layers, c.spread(), interval(to_pre), interval(to_winner), role])
         return out
@@ -159,6 +158,11 @@ class CellEvidence:
 
     def difference_to(self, candidate: Candidate, other: Candidate | None) -> Difference | None:
         return paired_difference(candidate.values, other.values) if other is not None else None
+
+    def paired(self, candidate: Candidate) -> tuple[Difference | None, Difference | None]:
+        """`candidate` minus the Pre-LN reference and minus the winner, paired by seed (None against itself)."""
+        return (self.difference_to(candidate, self.reference) if candidate is not self.reference else None,
+                self.difference_to(candidate, self.winner) if candidate is not self.winner else None)
 
     def claim(self) -> str:
         """One sentence: the winner, its verdict against Pre-LN, and whether the runner-up is tied with it."""

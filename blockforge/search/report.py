@@ -15,7 +15,7 @@ import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text, figure, saved
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, paired_difference, verdict
+from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, verdict
 from blockforge.search.findings import Findings
 from blockforge.search.law import BootstrapReport, LawReport, alpha_range, decided_law
 from blockforge.search.ledger import Ledger, StageName, TrialRecord
@@ -80,8 +80,7 @@ def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
     alpha, pre_ln = plan.varies_alpha, e.against_pre_ln
     rows = []
     for c in e.candidates:
-        to_pre = paired_difference(c.values, e.reference.values) if e.reference is not None and c is not e.reference else None
-        to_winner = paired_difference(c.values, e.winner.values) if c is not e.winner else None
+        to_pre, to_winner = e.paired(c)
         reference = "Pre-LN reference" if pre_ln and c is e.reference else ""
         role = "winner" if c is e.winner else (reference or ("runner-up" if c is e.runner_up else ""))
         rows.append([
