@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from blockforge.io import pyplot, save_png
-from blockforge.search.driver import run_search
+from blockforge.search.run.driver import run_search
 
 ROOT = Path(__file__).resolve().parent.parent
 LRS = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.search.driver import run_search
-from blockforge.search.evidence import paired_difference, verdict
-from blockforge.search.evidence import evidence_by_cell
-from blockforge.search.rungs import curve_of, kendall_tau
+from blockforge.search.run.driver import run_search
+from blockforge.search.evidence.evidence import paired_difference, verdict
+from blockforge.search.evidence.evidence import evidence_by_cell
+from blockforge.search.evidence.rungs import curve_of, kendall_tau
 from blockforge.spec.resolve import mix_ln_count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,8 +176,8 @@ def replay(path: Path, out: Path, truths: dict[int, dict], base: int, seeds: int
     import shutil
 
     from blockforge.search.config import load_search
-    from blockforge.search.ledger import Ledger
-    from blockforge.search.searcher import CellSearcher
+    from blockforge.search.records.ledger import Ledger
+    from blockforge.search.run.searcher import CellSearcher
 
     sys_path = str(ROOT / "tests")
     import sys
@@ -208,7 +208,7 @@ def replay(path: Path, out: Path, truths: dict[int, dict], base: int, seeds: int
 
 def multi_rows(name: str, plan, records, truths: dict[int, dict], seeds: int, base: int) -> list[dict]:
     """Per cell of one replayed search: the chosen k against the ground truth, its verdict, and its compute."""
-    from blockforge.search.plan import cell_plan
+    from blockforge.search.reports.plan import cell_plan
 
     evidence = evidence_by_cell(plan, records)
     rows = []

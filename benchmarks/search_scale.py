@@ -93,10 +93,10 @@ def run(cells: int, trials: int, sampler: str) -> dict:
     from ray.tune.search import Searcher
 
     from blockforge.search.config import OBJECTIVE, load_search, trial_dir
-    from blockforge.search.driver import ProgressView
-    from blockforge.search.report import write_reports
-    from blockforge.search.scheduler import CellScheduler
-    from blockforge.search.searcher import CellSearcher
+    from blockforge.search.run.driver import ProgressView
+    from blockforge.search.reports.report import write_reports
+    from blockforge.search.run.scheduler import CellScheduler
+    from blockforge.search.run.searcher import CellSearcher
 
     folder = Path(tempfile.mkdtemp(prefix="bf-scale-"))
     plan = load_search(write_search(folder, cells, trials, sampler))

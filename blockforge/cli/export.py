@@ -83,7 +83,7 @@ def _export(args: argparse.Namespace, source, out: Path) -> None:
     from blockforge.search.config import MARKER
 
     if source.exists(MARKER):
-        from blockforge.search.best import export_best
+        from blockforge.search.run.best import export_best
 
         with export_folder(out, force=args.force, run_dir=Path(args.source) if source.local else None) as stage:  # checked before any retraining
             export_best(args.source, stage, cell=args.cell, retrain=args.retrain, progress=not args.no_progress, format=args.format,

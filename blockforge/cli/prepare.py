@@ -58,7 +58,7 @@ def _requests(args: argparse.Namespace) -> tuple[list, str | None]:
 
     if _is_search(args.file):
         from blockforge.search.config import load_search
-        from blockforge.search.datasets import search_sets
+        from blockforge.search.run.datasets import search_sets
 
         from blockforge.errors import BlockforgeError
 

@@ -31,17 +31,17 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from blockforge.errors import BlockforgeError
-    from blockforge.search.driver import nothing_finished, run_search
+    from blockforge.search.run.driver import nothing_finished, run_search
 
     if not args.plan and (args.gpu or args.gpus or args.mfu is not None):
         raise BlockforgeError("--gpu, --gpus and --mfu describe a compute plan: add --plan")
     if args.plan:
         from blockforge.search.config import load_search
-        from blockforge.search.plan import DEFAULT_MFU, format_plan, search_plan
+        from blockforge.search.reports.plan import DEFAULT_MFU, format_plan, search_plan
 
         if args.resume or args.address:
             raise BlockforgeError("--plan runs nothing: drop --resume and --address")
-        from blockforge.search.datasets import describe_sets
+        from blockforge.search.run.datasets import describe_sets
 
         plan = load_search(args.file, args.overrides)
         print(format_plan(plan, search_plan(plan), gpu=args.gpu, gpus=args.gpus, mfu=DEFAULT_MFU if args.mfu is None else args.mfu,

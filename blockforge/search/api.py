@@ -10,7 +10,7 @@ or run one from Python as the command line does.
     search.export("depth=8", "models/d8", format="hf")
     search.curves(cell="depth=8")    # every trial's evaluations
 
-Everything is computed from the search's ledger by search/findings.py, the code the reports are written from, so this
+Everything is computed from the search's ledger by search/reports/findings.py, the code the reports are written from, so this
 view and summary.md never disagree. A search in a storage is read from a local copy of its records (and, once the
 findings or curves are asked for, its runs' curves; never their weights); `refresh()` reads a running search again.
 Nothing is written to the search. What is lost is said, never shown as an empty answer: a ledger of which nothing can be
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from blockforge.errors import BlockforgeError, SearchInterrupted, unknown_choice_message, unknown_key_message, warn
 from blockforge.search.config import MARKER, SearchPlan
-from blockforge.search.findings import CellAnswer
-from blockforge.search.ledger import COLUMNS, Ledger, TrialRecord, read_lines, segment_files
+from blockforge.search.reports.findings import CellAnswer
+from blockforge.search.records.ledger import COLUMNS, Ledger, TrialRecord, read_lines, segment_files
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
@@ -44,10 +44,10 @@ if TYPE_CHECKING:
 
     from blockforge.search.display import Cells
 
-    from blockforge.search.findings import Findings
-    from blockforge.search.law import BootstrapReport, LawFit, LawReport
-    from blockforge.search.stability_law import StabilityLaw
-    from blockforge.search.store import SearchStore
+    from blockforge.search.reports.findings import Findings
+    from blockforge.search.evidence.law import BootstrapReport, LawFit, LawReport
+    from blockforge.search.checks.stability_law import StabilityLaw
+    from blockforge.search.records.store import SearchStore
     from blockforge.spec.model import ResolvedSpec
 
 
@@ -137,8 +137,8 @@ class Search:
 
     @cached_property
     def findings(self) -> "Findings":
-        """Everything the reports say, computed once by the code that writes them (search/findings.py)."""
-        from blockforge.search.findings import Findings
+        """Everything the reports say, computed once by the code that writes them (search/reports/findings.py)."""
+        from blockforge.search.reports.findings import Findings
 
         self._take_down_runs()  # the rung checks read the runs' curves
         self._say_lost({r.run_dir: gone for r in self.records if (gone := _lost_curve(r, self.folder))})
@@ -172,7 +172,7 @@ class Search:
         (post_ln_layers), seed, stage, status, steps, the objective's value, the trial's seconds (wall_s), its costs."""
         import pandas
 
-        from blockforge.search.views import key_columns, results_rows
+        from blockforge.search.reports.views import key_columns, results_rows
 
         columns, rows = results_rows(self.plan, self.records)
         rows = [{k: None if v == "" else v for k, v in row.items()} for row in rows]  # an empty field is missing, as read_csv reads it
@@ -194,7 +194,7 @@ class Search:
 
     def cell(self, cell: str | None = None) -> CellAnswer:
         """One cell's answer (`cell` in any key order, e.g. "width=64,depth=4"; the only cell's when there is one)."""
-        from blockforge.search.best import pick_cell
+        from blockforge.search.run.best import pick_cell
 
         return self._answers[pick_cell(self.plan.all_names(), cell, self.where, flag="cell=")]
 
@@ -203,7 +203,7 @@ class Search:
         if not self.plan.varies_alpha:
             return None
         found = self.findings
-        from blockforge.search.law import decided_law
+        from blockforge.search.evidence.law import decided_law
 
         return LawAnswer(found.points, found.law, found.boot, found.law_verdict, decided_law(found.law, found.boot), found.stability_law)
 
@@ -219,7 +219,7 @@ class Search:
         """Export a cell's winner as `blockforge export SEARCH --cell CELL --out OUT --format FORMAT` does; options:
         dtype, target, pick, under, retrain. Returns the export's folder."""
         from blockforge.export import EXPORT_DTYPES, EXPORT_FORMATS, EXPORT_TARGETS, export_dtype
-        from blockforge.search.best import export_best
+        from blockforge.search.run.best import export_best
 
         name = self.cell(cell).name
         _given("export", "out", out, (str, os.PathLike), "the export's folder, e.g. 'models/d8'")
@@ -242,8 +242,8 @@ class Search:
         alpha, k (post_ln_layers) and searched values (results()' columns), so curves group by candidate without a join."""
         import pandas
 
-        from blockforge.search.runs import evaluations
-        from blockforge.search.views import key_columns
+        from blockforge.search.records.runs import evaluations
+        from blockforge.search.reports.views import key_columns
 
         keys = key_columns(self.plan)
 
@@ -280,7 +280,7 @@ class Search:
     def plot(self, which: str = "metric_vs_alpha"):
         """One of the plots the search writes (its PNG's name without .png), as a matplotlib figure: metric_vs_alpha,
         best_alpha_vs_depth, pareto, lr_check, transfer_curves or stability_vs_depth; a cell's curves: cell(...).plot()."""
-        from blockforge.search.report import figures_of
+        from blockforge.search.reports.report import figures_of
 
         _chosen("plot", "which", which, self.PLOTS)
         drawn = figures_of(self.findings)
@@ -341,7 +341,7 @@ def _some(items: list[str], shown: int = 3) -> str:
 def open_search(where: str | os.PathLike) -> Search:
     """The search kept in `where` (a folder, or a URI such as s3://bucket/prefix), read-only, finished or running."""
     from blockforge.search.config import stored_plan
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
 
     _given("open_search", "where", where, (str, os.PathLike), "a search's folder or URI (its --out), e.g. 'runs/search-quickstart'")
@@ -365,7 +365,7 @@ def run_search(file: str | os.PathLike, *, out: str | os.PathLike | None = None,
     ({"trials_per_cell": 4, "train.lr": 3e-3}). Returns the finished search's view. A problem raises BlockforgeError with
     the command line's sentence; a SIGTERM or Ctrl-C stops the trials cleanly and raises SearchInterrupted, whose `.search` is
     the view so far and whose sentence gives the resume line (`resume=True` here does the same)."""
-    from blockforge.search.driver import nothing_finished, run_search as drive
+    from blockforge.search.run.driver import nothing_finished, run_search as drive
 
     _given("run_search", "file", file, (str, os.PathLike), "the search file's path, e.g. 'searches/quickstart.yaml'")
     _given("run_search", "out", out, (str, os.PathLike, type(None)), "the search's folder or URI, or None (runs/search-NAME)")

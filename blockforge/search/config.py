@@ -237,7 +237,7 @@ class SearchPlan:
     guide: Guide | None = None  # law-guided cells (spec/search.py Guide)
     order: list[str] = field(default_factory=list)  # with guide: the proxy cells in the order they run (the first guide the rest)
     keep_checkpoints: int | None = None  # each trial's newest whole checkpoints kept (None: thinned to final weights when done)
-    # Where the driver prepared the trials' data (search/datasets.py): set_key -> the set's folder or URI. Not part of
+    # Where the driver prepared the trials' data (search/run/datasets.py): set_key -> the set's folder or URI. Not part of
     # the fingerprint or of any trial's identity: it says where rows are read from, not which.
     prepared: dict[str, str] = field(default_factory=dict)
     # The trackers the driver logs every trial to (the search file's tracking:, else its base recipe's); like `prepared`,

@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
 from conftest import write_search  # noqa: E402
 
-from blockforge.search.driver import run_search  # noqa: E402
+from blockforge.search.run.driver import run_search  # noqa: E402
 
 
 def main(folder: Path) -> None:

@@ -89,7 +89,7 @@ def drive_curves(searcher, scheduler, curve, *, limit: int = 200, stop_after=Non
     run folder's metrics.jsonl and reported to the scheduler, which may stop it there (then it ends pruned);
     a value of None diverges there; otherwise it ends at its cell's full budget. `stop_after(handed)` -> True ends the drive early (a kill).
     A search kept in an object storage (the searcher's store is remote) has its trials write in a folder of their
-    own node (`node`) and put the run folder up before each report, as trials do (search/trials.py).
+    own node (`node`) and put the run folder up before each report, as trials do (search/run/trials.py).
     `checkpoints`: each evaluation also writes a (stand-in) checkpoint, the trial keeping only its newest and thinning to
     its final weights when it ends and nothing continues it, as trials do; a trial that continues a run (a longer
     training's source, a pruned run brought back) asserts the checkpoint it needs is there.

@@ -24,7 +24,7 @@ from conftest import write_search  # noqa: E402
 from split_cluster import SplitCluster  # noqa: E402
 
 from blockforge.errors import BlockforgeError  # noqa: E402
-from blockforge.search.driver import run_search  # noqa: E402
+from blockforge.search.run.driver import run_search  # noqa: E402
 from blockforge.storage import Storage  # noqa: E402
 
 STORAGE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

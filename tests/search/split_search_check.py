@@ -22,7 +22,7 @@ from report_compare import comparable  # noqa: E402
 from split_cluster import SplitCluster  # noqa: E402
 
 from blockforge.errors import BlockforgeError  # noqa: E402
-from blockforge.search.driver import run_search  # noqa: E402
+from blockforge.search.run.driver import run_search  # noqa: E402
 from blockforge.storage import Storage, fetch_folder  # noqa: E402
 
 

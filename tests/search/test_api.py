@@ -12,12 +12,12 @@ import blockforge
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json
 from blockforge.search.config import MARKER, cell_slug, folder_marker, load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.report import write_reports
-from blockforge.search.runs import evaluations
-from blockforge.search.scheduler import CellScheduler
-from blockforge.search.searcher import CellSearcher
-from blockforge.search.store import SearchStore
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.report import write_reports
+from blockforge.search.records.runs import evaluations
+from blockforge.search.run.scheduler import CellScheduler
+from blockforge.search.run.searcher import CellSearcher
+from blockforge.search.records.store import SearchStore
 from blockforge.spec.serialize import load_spec
 from blockforge.storage import Storage
 
@@ -250,7 +250,7 @@ def test_a_view_never_shows_lost_records_as_an_empty_answer(finished, tmp_path, 
 def test_a_wrong_type_given_to_the_python_api_is_one_sentence(finished, tmp_path, monkeypatch):
     """Every public call of the view and run_search refuses an argument of the wrong type (or value) in one sentence naming
     the call and the argument, before anything starts."""
-    import blockforge.search.driver as driver
+    import blockforge.search.run.driver as driver
 
     monkeypatch.setattr(driver, "run_search", lambda *a, **k: pytest.fail("a search started"))
     search, file = blockforge.open_search(finished), ROOT / "searches" / "quickstart.yaml"

@@ -10,8 +10,8 @@ import pytest
 
 from blockforge.errors import BlockforgeError, FolderInUseError
 from blockforge.search.config import OBJECTIVE, load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.searcher import CellSearcher
 from blockforge.search.stages.base import FAILURE
 from blockforge.storage import LEASE_STALE_S, Lease, Storage
 
@@ -49,9 +49,9 @@ def test_a_failure_outside_the_trial_is_trained_again_on_resume_and_one_of_its_o
 
 
 def test_a_search_that_finished_nothing_says_so_and_how_to_go_on():
-    from blockforge.search.driver import nothing_finished
-    from blockforge.search.driver import SearchOutcome
-    from blockforge.search.ledger import TrialRecord
+    from blockforge.search.run.driver import nothing_finished
+    from blockforge.search.run.driver import SearchOutcome
+    from blockforge.search.records.ledger import TrialRecord
 
     def outcome(*records):
         return SearchOutcome(None, list(records), "", resume_command="blockforge search s.yaml --out s3://b/x --address auto --resume")
@@ -67,7 +67,7 @@ def test_a_search_that_finished_nothing_says_so_and_how_to_go_on():
 
 
 def test_the_resume_line_says_where_and_how_the_search_ran():
-    from blockforge.search.driver import resume_command
+    from blockforge.search.run.driver import resume_command
 
     line = resume_command("s.yaml", "s3://b/x", [("train.lr", 0.003)], "10.0.0.1:6379", 8)
     assert line == "blockforge search s.yaml --set train.lr=0.003 --out s3://b/x --address 10.0.0.1:6379 --max-concurrent 8 --resume"
@@ -80,7 +80,7 @@ def test_a_trial_recorded_twice_is_one_curve_in_its_cells_rungs(tmp_path):
     import json
 
     from blockforge.search.config import trial_dir
-    from blockforge.search.scheduler import CellScheduler
+    from blockforge.search.run.scheduler import CellScheduler
 
     plan = load_search(write_search(tmp_path, cells={"model.depth": [4]}, trials_per_cell=4, baselines=[]))
     scheduler = CellScheduler(plan, str(tmp_path / "s"))
@@ -159,7 +159,7 @@ def test_one_driver_holds_a_search_in_a_storage(tmp_path, s3):
 
 def test_a_damaged_record_of_a_remote_search_is_named_in_the_storage_not_the_working_copy(tmp_path, s3, monkeypatch, capsys):
     from blockforge.cli import main
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
 
     monkeypatch.chdir(tmp_path)
     uri = s3.direct(s3.bucket(), "search")

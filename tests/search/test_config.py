@@ -34,8 +34,8 @@ def test_explicit_objective_mode_is_kept(tmp_path):
 def test_progress_view_counts_queued_apart_from_running_and_lists_cells_in_plan_order(tmp_path):
     from types import SimpleNamespace
 
-    from blockforge.search.driver import ProgressView
-    from blockforge.search.ledger import Ledger, TrialRecord
+    from blockforge.search.run.driver import ProgressView
+    from blockforge.search.records.ledger import Ledger, TrialRecord
 
     plan = load_search(write_search(tmp_path, cells={"model.depth": [4, 12]}))
     ledger = Ledger(tmp_path / "trials.jsonl")

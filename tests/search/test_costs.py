@@ -8,10 +8,10 @@ import pytest
 import blockforge
 from blockforge.search.config import load_search
 from blockforge.search.costs import computed_costs, measured_costs
-from blockforge.search.evidence import Candidate
-from blockforge.search.ledger import Ledger
-from blockforge.search.pareto import front_evidence, hypervolume
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.evidence.evidence import Candidate
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.evidence.pareto import front_evidence, hypervolume
+from blockforge.search.run.searcher import CellSearcher
 from blockforge.spec.recipe import recipe_from_data
 
 from .conftest import drive, write_search
@@ -125,7 +125,7 @@ def test_a_bad_cost_axis_is_one_sentence(tmp_path, changes, needle):
 
 def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_and_keeps_it_on_resume(tmp_path, ray_session, capsys):
     from blockforge.cli import main
-    from blockforge.search.driver import run_search
+    from blockforge.search.run.driver import run_search
 
     path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, baselines=[], trials_per_cell=3,
                         overrides={"model.heads": 4}, space={"model.kv_heads": {"choice": [1, 2, 4]}},
@@ -145,7 +145,7 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
     assert not (out / "alpha_law.json").exists()
     import optuna
 
-    from blockforge.search.views import optuna_storage
+    from blockforge.search.reports.views import optuna_storage
 
     study = optuna.load_study(study_name="depth=2", storage=optuna_storage(out / "optuna.journal"))
     assert len(study.directions) == 2 and study.best_trials  # optuna-dashboard shows it as a front
@@ -177,7 +177,7 @@ def test_a_search_with_a_cost_axis_reports_its_front_exports_by_pick_and_budget_
 def test_the_plan_bounds_what_a_cost_axis_search_trains(tmp_path):
     """Confirmation trains up to 2 * top points of the explored front (plus baselines): the plan's worst case holds it.
     Here quality improves with every cost, so each explored point is on the front."""
-    from blockforge.search.plan import search_plan
+    from blockforge.search.reports.plan import search_plan
 
     path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, trials_per_cell=6, overrides={"model.heads": 4},
                         space={"model.kv_heads": {"choice": [1, 2, 4]}, "model.ffn": {"choice": [32, 48, 64]}}, sampler={"grid": {}},

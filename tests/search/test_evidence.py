@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from blockforge.search.evidence import cell_evidence, paired_difference, verdict
-from blockforge.search.ledger import TrialRecord
+from blockforge.search.evidence.evidence import cell_evidence, paired_difference, verdict
+from blockforge.search.records.ledger import TrialRecord
 
 
 def test_paired_t_interval_matches_a_hand_computed_case():

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.scheduler import CellScheduler
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.scheduler import CellScheduler
+from blockforge.search.run.searcher import CellSearcher
 
 from .conftest import drive_curves
 
@@ -102,8 +102,8 @@ def interval(diff) -> list | None:
 
 def decisions(plan, search_dir: Path, handed: list[dict]) -> dict:
     """Everything the search decided, as plain data."""
-    from blockforge.search.findings import Findings
-    from blockforge.search.report import transfer_section
+    from blockforge.search.reports.findings import Findings
+    from blockforge.search.reports.report import transfer_section
 
     records = Ledger(search_dir / "trials.jsonl").records()
     found = Findings.of(plan, records)

@@ -9,10 +9,10 @@ import pytest
 
 from blockforge.cli import main
 from blockforge.search.config import load_search
-from blockforge.search.evidence import Candidate, evidence_by_cell
-from blockforge.search.ledger import Ledger
-from blockforge.search.report import write_reports
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.evidence.evidence import Candidate, evidence_by_cell
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.report import write_reports
+from blockforge.search.run.searcher import CellSearcher
 from blockforge.search.stages.confirm import race_drops
 
 from .conftest import drive_curves, write_search
@@ -155,7 +155,7 @@ def test_a_finalist_leaves_the_race_only_when_a_bonferroni_corrected_paired_inte
     pre = candidate("pre", {0: 6.0, 1: 6.1, 2: 6.05}, uniform_pre=True)  # far behind, but the reference stays
     drops = race_drops([leader, far, near, pre], [0, 1, 2], plan)
     assert set(drops) == {"far"} and drops["far"][0] is leader
-    from blockforge.search.evidence import paired_difference
+    from blockforge.search.evidence.evidence import paired_difference
 
     assert paired_difference(near.values, leader.values).excludes_zero()  # what an uncorrected look would have dropped
 
@@ -191,7 +191,7 @@ def test_verdicts_follow_the_training_length(tmp_path, shrink, outcomes):
     assert {dict(c["overrides"])["train.steps"] for c in longer} == ({80} if outcomes[-1] == "not trained" else {80, 160})
     assert len(longer) == 2 * 3 * (1 if outcomes[-1] == "not trained" else 2)  # the pair, on the confirmation's three seeds
     write_reports(tmp_path / "s", plan, Ledger(tmp_path / "s" / "trials.jsonl"))
-    from blockforge.search.findings import Findings
+    from blockforge.search.reports.findings import Findings
 
     check = Findings.of(plan, Ledger(tmp_path / "s" / "trials.jsonl").records()).lengths["depth=8"]
     assert [s.outcome for s in check.steps] == outcomes
@@ -228,7 +228,7 @@ def test_the_plan_counts_the_length_check(tmp_path, capsys):
 def test_a_trained_guided_search_continues_its_pair_to_longer_training_from_their_checkpoints(tmp_path, ray_session):
     import json
 
-    from blockforge.search.driver import run_search
+    from blockforge.search.run.driver import run_search
 
     path = write_search(tmp_path, cells={"model.depth": [2, 3, 4, 6]}, space={ALPHA: {"uniform": [0.0, 0.5]}}, trials_per_cell=4,
                         baselines=[{ALPHA: 0.0}], scheduler=None, max_concurrent=1, guide={"after": 3},

@@ -272,7 +272,7 @@ def test_a_set_with_a_cut_shard_is_refused_before_ray_starts(tmp_path, capsys, m
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the set was refused")
 
-    monkeypatch.setattr("blockforge.search.driver.ensure_ray", no_ray)
+    monkeypatch.setattr("blockforge.search.run.driver.ensure_ray", no_ray)
     capsys.readouterr()
     assert main(["search", str(path), "--out", str(tmp_path / "out"), "--set", f"data.prepared={tmp_path / 'set'}"]) == 2
     err = capsys.readouterr().err.strip()

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from blockforge.search.law import alpha_range, decided_law, fit_alpha_law
+from blockforge.search.evidence.law import alpha_range, decided_law, fit_alpha_law
 
 
 def points(law, depths, width=256, noise=()):

@@ -11,10 +11,10 @@ import pytest
 
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import load_search
-from blockforge.search.evidence import evidence_by_cell
-from blockforge.search.ledger import Ledger
-from blockforge.search.repair import repair_ledger
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.evidence.evidence import evidence_by_cell
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.records.repair import repair_ledger
+from blockforge.search.run.searcher import CellSearcher
 
 from .conftest import drive_curves, write_search
 from .test_golden import NoScheduler
@@ -104,7 +104,7 @@ def test_an_intact_ledger_needs_no_repair(stopped):
 
 def front_and_claims(plan, folder) -> list:
     """Resume to the end; every cell's claim, its front (points, on it or not, values) and every finished trial."""
-    from blockforge.search.findings import Findings
+    from blockforge.search.reports.findings import Findings
 
     searcher = CellSearcher(plan, str(folder), from_ledger=True)
     drive_curves(searcher, NoScheduler(), curve)

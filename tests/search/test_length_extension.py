@@ -1,4 +1,4 @@
-"""A length check continues runs from their checkpoints (search/length_check.py): with a constant learning rate after the
+"""A length check continues runs from their checkpoints (search/checks/length_check.py): with a constant learning rate after the
 warm-up that is exactly training to the longer length from the start; with a decaying schedule it is not, as documented."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from blockforge.search.config import load_search
-from blockforge.search.length_check import continuation
-from blockforge.search.trials import start_from
+from blockforge.search.checks.length_check import continuation
+from blockforge.search.run.trials import start_from
 from blockforge.storage import Storage
 from blockforge.train.loop import train
 

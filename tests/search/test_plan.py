@@ -8,7 +8,7 @@ import blockforge
 from blockforge.cli import main
 from blockforge.nn.flops import model_costs
 from blockforge.search.config import load_search
-from blockforge.search.plan import GPU_PEAKS, critical_path, search_plan, trial_flops
+from blockforge.search.reports.plan import GPU_PEAKS, critical_path, search_plan, trial_flops
 from blockforge.spec import ModelSpec, resolve
 from blockforge.spec.model import LayerOverride, LayerRules
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blockforge.search.ledger import Ledger
+from blockforge.search.records.ledger import Ledger
 
 from .conftest import write_search
 

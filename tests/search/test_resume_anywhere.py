@@ -11,10 +11,10 @@ import pytest
 from ray.tune.search import Searcher
 
 from blockforge.search.config import load_search
-from blockforge.search.findings import Findings
-from blockforge.search.ledger import Ledger
-from blockforge.search.scheduler import CellScheduler
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.reports.findings import Findings
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.scheduler import CellScheduler
+from blockforge.search.run.searcher import CellSearcher
 from blockforge.train.events import Status
 
 from .conftest import drive_curves

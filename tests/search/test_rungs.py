@@ -4,10 +4,10 @@ enumerated cells, and resume (no Ray, no training: curves are written as a trial
 import pytest
 
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.rungs import Curve, PrunedCheck, asha_rungs, kendall_tau, margin_behind, rung_checks
-from blockforge.search.scheduler import CellScheduler
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.evidence.rungs import Curve, PrunedCheck, asha_rungs, kendall_tau, margin_behind, rung_checks
+from blockforge.search.run.scheduler import CellScheduler
+from blockforge.search.run.searcher import CellSearcher
 
 from .conftest import drive_curves, write_search
 
@@ -41,8 +41,8 @@ def test_the_schedulers_running_order_counts_pairs_as_the_final_analysis_does():
     # curves arrive one by one (ties in both rankings included); the running counts equal a count of all at once
     import random
 
-    from blockforge.search.rungs import order_agreement
-    from blockforge.search.rungs import SeedOrder
+    from blockforge.search.evidence.rungs import order_agreement
+    from blockforge.search.evidence.rungs import SeedOrder
 
     rng = random.Random(3)
     for _ in range(20):
@@ -99,13 +99,13 @@ def test_curves_that_cross_are_not_pruned_blind_and_a_pruned_one_inside_the_cros
     assert all(r.status == "completed" and r.steps == 30 for r in promoted)
     assert "pruned at step 10" in promoted[0].note and "0.9 behind" in promoted[0].note
     assert not any(r.post_ln_layers == 4 and r.status == "completed" for r in records)
-    from blockforge.search.evidence import evidence_by_cell
+    from blockforge.search.evidence.evidence import evidence_by_cell
 
     evidence = evidence_by_cell(plan, records)["depth=6"]
     assert {c.post_ln_layers for c in evidence.eligible} >= {1, 3}  # the promoted model competes for the answer
     # the live line's figures come from the scheduler's table, kept up to date trial by trial: the same as the
     # summary's, which reads every curve again at the end
-    from blockforge.search.rungs import cell_curves
+    from blockforge.search.evidence.rungs import cell_curves
 
     table = scheduler.table("depth=6")
     final = rung_checks(cell_curves(records, "depth=6", plan.metric), table.rungs, plan.mode)

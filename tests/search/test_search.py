@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from blockforge.cli import main
-from blockforge.search.driver import run_search
-from blockforge.search.ledger import Ledger
+from blockforge.search.run.driver import run_search
+from blockforge.search.records.ledger import Ledger
 
 from .conftest import write_search  # noqa: E402
 
@@ -64,8 +64,8 @@ def test_tpe_asha_search_completes_with_statuses_duplicates_and_reports(tmp_path
 
 def test_asha_compares_only_inside_a_cell(tmp_path):
     from blockforge.search.config import load_search
-    from blockforge.search.scheduler import CellScheduler
-    from blockforge.search.searcher import CellSearcher
+    from blockforge.search.run.scheduler import CellScheduler
+    from blockforge.search.run.searcher import CellSearcher
 
     from .conftest import drive_curves
 
@@ -288,7 +288,7 @@ def test_confirmation_records_seeds_and_verdicts_and_export_takes_the_confirmed_
     assert "paired t" in summary and "n=3" in summary and "minus Pre-LN [95% CI]" in summary
     assert any(word in outcome.summary for word in ("Pre-LN", "better", "tied", "worse"))
 
-    from blockforge.search.evidence import evidence_by_cell
+    from blockforge.search.evidence.evidence import evidence_by_cell
 
     evidence = evidence_by_cell(outcome_plan(path), records)["depth=4"]
     assert evidence.winner.n == 3 and evidence.winner.model in finalists
@@ -321,7 +321,7 @@ def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_se
     lrs = {r.overrides["train.lr"] for r in outcome.records if r.stage == "explore" and r.status == "completed"}
     assert len(lrs) >= 2  # the sampler moves lr as well as alpha
     assert "best lr" in outcome.summary
-    from blockforge.search.evidence import evidence_by_cell
+    from blockforge.search.evidence.evidence import evidence_by_cell
 
     winner = evidence_by_cell(outcome_plan(path), outcome.records)["depth=2"].winner
     best_lr = f"{winner.overrides['train.lr']:.4g}"
@@ -332,7 +332,7 @@ def test_learning_rate_searched_with_alpha_is_reported_per_cell(tmp_path, ray_se
     assert {"depth", "lr", "alpha", "seed"} <= set(table[0]) and {row["depth"] for row in table} == {"2"}  # an int stays an int
     import optuna
 
-    from blockforge.search.views import optuna_storage
+    from blockforge.search.reports.views import optuna_storage
 
     study = optuna.load_study(study_name="depth=2", storage=optuna_storage(outcome.search_dir / "optuna.journal"))
     trained = [r for r in outcome.records if r.status in ("completed", "pruned", "diverged", "failed")]

@@ -3,8 +3,8 @@
 import dataclasses
 
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.searcher import CellSearcher
 
 from .conftest import drive, write_search
 
@@ -75,7 +75,7 @@ def test_a_search_whose_tune_state_is_lost_continues_from_its_ledger(tmp_path):
 def test_tune_state_cut_short_is_found_before_tune_reads_it(tmp_path):
     import pickle
 
-    from blockforge.search.driver import damaged_tune_state
+    from blockforge.search.run.driver import damaged_tune_state
 
     tune = tmp_path / "tune"
     tune.mkdir()
@@ -87,8 +87,8 @@ def test_tune_state_cut_short_is_found_before_tune_reads_it(tmp_path):
     assert damaged_tune_state(tune) is None
     newer = tune / "experiment_state-2026-01-02_00-00-00.json"  # the newest state is the one Tune restores
     newer.write_text('{"trials": [{"id": "ab')
-    assert damaged_tune_state(tune) == newer
+    assert damaged_tune_state(tune)[0] == newer
     newer.write_text('{"trials": []}')
     searcher = tune / "searcher-state-2026-01-02_00-00-00.pkl"
     searcher.write_bytes(pickle.dumps({"asked": {"depth=4": 3}})[:-5])
-    assert damaged_tune_state(tune) == searcher
+    assert damaged_tune_state(tune)[0] == searcher

@@ -10,12 +10,12 @@ import pytest
 
 from blockforge.errors import SpecError
 from blockforge.search.config import load_search
-from blockforge.search.findings import CellAnswer, Findings
-from blockforge.search.ledger import Ledger
-from blockforge.search.plan import search_plan
-from blockforge.search.report import write_reports
-from blockforge.search.searcher import CellSearcher
-from blockforge.search.stability_check import FAILED, STABLE, UNSTABLE, Grid, replay
+from blockforge.search.reports.findings import CellAnswer, Findings
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.plan import search_plan
+from blockforge.search.reports.report import write_reports
+from blockforge.search.run.searcher import CellSearcher
+from blockforge.search.checks.stability_check import FAILED, STABLE, UNSTABLE, Grid, replay
 
 from .conftest import drive, run_search_stopped_by_sigterm, write_search
 
@@ -226,8 +226,8 @@ def test_summary_the_python_view_and_the_trackers_table_say_the_same(tmp_path, m
     import blockforge
     from blockforge.io import atomic_write_json
     from blockforge.search.config import MARKER, folder_marker
-    from blockforge.search.store import SearchStore
-    from blockforge.search.tracked import ANSWER_COLUMNS, STABILITY_COLUMNS, SearchTracking
+    from blockforge.search.records.store import SearchStore
+    from blockforge.search.reports.tracked import ANSWER_COLUMNS, STABILITY_COLUMNS, SearchTracking
     from blockforge.storage import Storage
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")

@@ -5,9 +5,9 @@ it without knowing it, its trials are recorded and trained, and the compute plan
 import pytest
 
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger, StageName
-from blockforge.search.plan import search_plan
-from blockforge.search.searcher import CellSearcher
+from blockforge.search.records.ledger import Ledger, StageName
+from blockforge.search.reports.plan import search_plan
+from blockforge.search.run.searcher import CellSearcher
 from blockforge.search.stages import pipeline
 from blockforge.search.stages.base import Stage
 

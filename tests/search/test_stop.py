@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blockforge.search.driver import run_search
-from blockforge.search.ledger import Ledger
+from blockforge.search.run.driver import run_search
+from blockforge.search.records.ledger import Ledger
 from blockforge.reaper import MARK, alive
 
 from .conftest import write_search

@@ -14,7 +14,7 @@ import torch
 
 from blockforge.cli import main
 from blockforge.errors import BlockforgeError
-from blockforge.search.driver import run_search
+from blockforge.search.run.driver import run_search
 from blockforge.storage import Storage, StorageError, fetch_folder
 from .conftest import write_search
 from report_compare import comparable
@@ -62,11 +62,11 @@ def test_decisions_and_reports_of_a_search_in_object_storage_equal_a_local_folde
     """Driven along the golden synthetic curves (no Ray, no training): trials that put their run folders up from a node
     folder of their own, and a driver that reads what it decides and reports from the storage, decide and report
     exactly what a search in a local folder does (exploration with ASHA, promotion, confirmation, transfer targets)."""
-    from blockforge.search.ledger import Ledger
-    from blockforge.search.report import write_reports
-    from blockforge.search.scheduler import CellScheduler
-    from blockforge.search.searcher import CellSearcher
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.ledger import Ledger
+    from blockforge.search.reports.report import write_reports
+    from blockforge.search.run.scheduler import CellScheduler
+    from blockforge.search.run.searcher import CellSearcher
+    from blockforge.search.records.store import SearchStore
 
     from .conftest import drive_curves
     from .test_golden import decisions
@@ -345,7 +345,7 @@ def test_a_mirror_puts_pointers_after_what_they_name_removes_what_is_gone_and_le
 
 
 def test_a_trial_that_a_newer_attempt_replaced_writes_nothing_more(tmp_path, s3, monkeypatch):
-    from blockforge.search.store import Superseded, trial_folder
+    from blockforge.search.records.store import Superseded, trial_folder
 
     storage = Storage.open(s3.direct(s3.bucket(), "search"))
     monkeypatch.setenv("BLOCKFORGE_CACHE", str(tmp_path / "node-a"))
@@ -480,8 +480,8 @@ def test_a_failing_endpoint_in_the_uri_is_named_as_the_uris(tmp_path, capsys, s3
 def test_a_run_whose_curve_changed_keeps_one_tensorboard_file_in_the_storage(tmp_path, s3):
     """A trial resumed after a stop rewrites its run's event file whole under a new name: the storage keeps only the new
     one, so TensorBoard shows each step once."""
-    from blockforge.search.ledger import Ledger
-    from blockforge.search.report import write_reports
+    from blockforge.search.records.ledger import Ledger
+    from blockforge.search.reports.report import write_reports
 
     from blockforge.search.config import load_search
 

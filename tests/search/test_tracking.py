@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import blockforge
-from blockforge.search.findings import Findings
-from blockforge.search.ledger import Ledger
-from blockforge.search.runs import metric_lines
-from blockforge.search.tracked import ANSWER_COLUMNS, SearchTracking
+from blockforge.search.reports.findings import Findings
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.records.runs import metric_lines
+from blockforge.search.reports.tracked import ANSWER_COLUMNS, SearchTracking
 from blockforge.spec.tracking import Tracking
 from blockforge.tracking import STATE_FILE, metric_rows
 
@@ -100,7 +100,7 @@ def test_a_search_in_wandb_and_mlflow_equals_its_own_curves_and_answers(trackers
         holder["tracking"].update(Ledger(trackers / "qs" / "trials.jsonl").records())
         return False
 
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
 
     holder["tracking"] = SearchTracking.open(plan, SearchStore(Storage.open(trackers / "qs")))
@@ -149,7 +149,7 @@ def test_a_search_in_wandb_and_mlflow_equals_its_own_curves_and_answers(trackers
 
 def test_a_tracker_missing_without_credentials_or_failing_is_one_sentence_and_the_search_goes_on(trackers, capsys, monkeypatch):
     from blockforge.search.config import load_search
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
     from blockforge.tracking import _MLflow
     from .test_golden import ROOT
@@ -222,7 +222,7 @@ def test_a_search_run_from_python_logs_every_trial_and_one_without_tracking_is_u
     assert sorted(runs) == sorted(r.identity for r in search.records)
     for record in search.records:
         assert wandb_curve(runs[record.identity]) == curve_of(metric_lines(record.run_dir))
-    from blockforge.search.tracked import search_group
+    from blockforge.search.reports.tracked import search_group
 
     client, found = mlflow_runs(search_group(search.plan, str(trackers / "tracked")))
     assert len(found) == 3  # the search's run and its two trials
@@ -317,7 +317,7 @@ def test_two_searches_of_one_file_are_apart_and_the_answers_follow_every_report(
     """Two folders of the quickstart (one cell), each its own W&B group and MLflow experiment; the first stopped partway,
     its answers table equal to its summary.md then, and replaced (not appended to) by the next report."""
     from blockforge.search.config import load_search
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
     from .test_golden import ROOT
 
@@ -343,8 +343,8 @@ def test_two_searches_of_one_file_are_apart_and_the_answers_follow_every_report(
     # the stopped search resumed to its end: its table is the new report's, one row per cell
     store = SearchStore(Storage.open(trackers / "one"))
     tracking = SearchTracking.open(plan, store)
-    from blockforge.search.scheduler import CellScheduler
-    from blockforge.search.searcher import CellSearcher
+    from blockforge.search.run.scheduler import CellScheduler
+    from blockforge.search.run.searcher import CellSearcher
     from .conftest import drive_curves
     from .test_golden import synthetic_curves
 

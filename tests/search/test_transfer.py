@@ -4,10 +4,10 @@ the one end-to-end search), held or not, resumable, exportable."""
 import json
 
 from blockforge.search.config import load_search
-from blockforge.search.ledger import Ledger
-from blockforge.search.report import write_reports
-from blockforge.search.searcher import CellSearcher
-from blockforge.search.transfer import judge, predict
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.report import write_reports
+from blockforge.search.run.searcher import CellSearcher
+from blockforge.search.checks.transfer import judge, predict
 
 from .conftest import drive, write_search
 
@@ -97,7 +97,7 @@ def test_a_search_killed_during_the_transfer_stage_repeats_nothing(tmp_path):
 def test_a_search_with_a_transfer_stage_trains_its_target_records_a_verdict_and_exports_it(tmp_path, ray_session, capsys):
     import blockforge
     from blockforge.cli import main
-    from blockforge.search.driver import run_search
+    from blockforge.search.run.driver import run_search
 
     path = write_search(tmp_path, cells={"model.depth": [2]}, scheduler=None, baselines=[{ALPHA: 0.0}], trials_per_cell=2,
                         confirm={"top": 1, "seeds": 1}, transfer={"to": [{"model.depth": 4}], "seeds": 2, "neighbours": 1})
@@ -118,7 +118,7 @@ def test_a_search_with_a_transfer_stage_trains_its_target_records_a_verdict_and_
 
 
 def test_the_plan_counts_no_more_transfer_trials_than_the_k_that_exist(tmp_path):
-    from blockforge.search.plan import search_plan
+    from blockforge.search.reports.plan import search_plan
 
     # neighbours 100 at depth 8 with alpha up to 0.75: k = 0..6 exist (7), each with 2 seeds, not (2 * 100 + 2) * 2
     plan = transfer_search(tmp_path, transfer={"to": [{"model.depth": 8}], "seeds": 2, "neighbours": 100})

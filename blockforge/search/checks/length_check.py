@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.evidence import Candidate, CellEvidence, Difference, describe, paired_difference, verdict
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.evidence.evidence import Candidate, CellEvidence, Difference, describe, paired_difference, verdict
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
 
 STEPS_KEY, WARMUP_KEY = "train.steps", "train.warmup"

@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.evidence import CellEvidence, Difference, describe, paired_difference, verdict
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.evidence.evidence import CellEvidence, Difference, describe, paired_difference, verdict
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
 from blockforge.spec.search import LR_KEY, mode_sign
 

@@ -63,8 +63,8 @@ def predict(plan: SearchPlan, records: list, target: str) -> Prediction | None:
 def predictions(plan: SearchPlan, records: list, targets: list[str], evidence: dict | None = None, boot=None, points=None) -> dict:
     """Each target's prediction, from one computation of the proxies' evidence, law points and law bootstrap (given, or
     made here from `records`)."""
-    from blockforge.search.evidence import evidence_by_cell
-    from blockforge.search.law import bootstrap_cells, bootstrap_laws, law_points
+    from blockforge.search.evidence.evidence import evidence_by_cell
+    from blockforge.search.evidence.law import bootstrap_cells, bootstrap_laws, law_points
 
     evidence = evidence_by_cell(plan, records) if evidence is None else evidence
     if points is None:
@@ -74,7 +74,7 @@ def predictions(plan: SearchPlan, records: list, targets: list[str], evidence: d
 
 
 def _predict(plan: SearchPlan, evidence: dict, points: list, boot, target: str) -> Prediction | None:
-    from blockforge.search.law import LAWS, fit_alpha_law
+    from blockforge.search.evidence.law import LAWS, fit_alpha_law
 
     depth, width = _size(plan, target)
     proxies = [name for name in plan.cell_names() if evidence[name].winner is not None and evidence[name].winner.alpha is not None]
@@ -137,7 +137,7 @@ class TargetOutcome:
 
 def judge(plan: SearchPlan, records: list, prediction: Prediction) -> TargetOutcome:
     """Predicted against observed at the target, from its candidates' paired replicates."""
-    from blockforge.search.evidence import cell_evidence, paired_difference, verdict
+    from blockforge.search.evidence.evidence import cell_evidence, paired_difference, verdict
 
     e = cell_evidence(records, prediction.target, mode=plan.mode, penalty=plan.penalty, min_seeds=plan.transfer.seeds)
     by_k = {c.post_ln_layers: c for c in e.candidates}
@@ -169,7 +169,7 @@ def judge(plan: SearchPlan, records: list, prediction: Prediction) -> TargetOutc
 
 def seed_curves(candidate, metric: str) -> dict[int, dict[int, float]]:
     """seed -> (step -> `metric`) of a candidate's replicates, from their run folders' evaluations (none: left out)."""
-    from blockforge.search.rungs import curve_of
+    from blockforge.search.evidence.rungs import curve_of
 
     curves = {s: curve_of(d, metric) for s, d in candidate.run_dirs.items() if s in candidate.values}
     return {s: c for s, c in curves.items() if c}
@@ -178,7 +178,7 @@ def seed_curves(candidate, metric: str) -> dict[int, dict[int, float]]:
 def target_gaps(plan: SearchPlan, e) -> dict[str, list[tuple[int, float, float, float]]]:
     """Each candidate of a transfer target beside Pre-LN along training: describe(candidate) -> [(step, mean, lowest,
     highest)] of its difference to Pre-LN at every evaluation both have, paired by seed (from the run folders)."""
-    from blockforge.search.evidence import describe
+    from blockforge.search.evidence.evidence import describe
 
     if e.reference is None:
         return {}

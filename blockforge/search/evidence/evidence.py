@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import APART
+from blockforge.search.records.ledger import APART
 from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 

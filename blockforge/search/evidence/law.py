@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.evidence import CellEvidence
+from blockforge.search.evidence.evidence import CellEvidence
 from blockforge.spec.resolve import mix_ln_count
 
 # name -> (formula text, number of parameters, model f(params, L, W), starting point g(L, W, alpha))

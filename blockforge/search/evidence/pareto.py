@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blockforge.search.evidence import Candidate, Difference, dominates, paired_difference, verdict
+from blockforge.search.evidence.evidence import Candidate, Difference, dominates, paired_difference, verdict
 from blockforge.spec.search import mode_sign
 
 

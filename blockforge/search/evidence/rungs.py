@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blockforge.search.ledger import APART, StageName, TrialRecord
+from blockforge.search.records.ledger import APART, StageName, TrialRecord
 from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 

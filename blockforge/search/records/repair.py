@@ -15,8 +15,8 @@ from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json, atomic_write_text
-from blockforge.search.ledger import Ledger, TrialRecord, absolute_run_dirs, located, merged, read_lines, record_line, segment_files
-from blockforge.search.runs import finished_without_result, run_end
+from blockforge.search.records.ledger import Ledger, TrialRecord, absolute_run_dirs, located, merged, read_lines, record_line, segment_files
+from blockforge.search.records.runs import finished_without_result, run_end
 from blockforge.train.events import Status
 
 

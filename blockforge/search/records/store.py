@@ -21,12 +21,12 @@ from typing import Iterator
 
 from blockforge.errors import BlockforgeError, FolderInUseError
 from blockforge.search.config import MARKER, trial_rel
-from blockforge.search.ledger import SEGMENTS, Ledger, TrialRecord, merged, parse_record, segment_name
-from blockforge.search.views import TENSORBOARD_FOLDER
+from blockforge.search.records.ledger import SEGMENTS, Ledger, TrialRecord, merged, parse_record, segment_name
 from blockforge.storage import Mirror, Storage, cache_root
 
 RUN_RECORDS = ("metrics.jsonl", "result.json", "spec.yaml", "recipe.yaml", "data.json", "attempts.jsonl")  # a run, as reports read it
 LEDGER_FILES = ("trials.jsonl", "trials.backup.jsonl")
+TENSORBOARD_FOLDER = "tensorboard"  # every trial's curves, one TensorBoard run each (reports.views writes it)
 FOLD_EVERY = 100  # record segments in the storage before they are folded into the ledger's two copies
 RUN_ORDER = ("checkpoints/latest.json", "result.json")  # put up last: after the checkpoint it names, after everything
 

@@ -4,9 +4,9 @@ test), and verdicts followed to longer training, with the alpha law fitted per l
 
 from __future__ import annotations
 
-from blockforge.search.evidence import describe
-from blockforge.search.findings import Findings
-from blockforge.search.ledger import StageName
+from blockforge.search.evidence.evidence import describe
+from blockforge.search.reports.findings import Findings
+from blockforge.search.records.ledger import StageName
 from blockforge.train.events import Status
 
 
@@ -69,7 +69,7 @@ def length_lines(found: Findings) -> list[str]:
 def law_per_length(found: Findings) -> list[str]:
     """The alpha law fitted at each length the length checks reached in every cell: each cell's answer there is the better
     of its pair (its best Mix-LN candidate, or Pre-LN with k = 0)."""
-    from blockforge.search.law import alpha_range, fit_alpha_law
+    from blockforge.search.evidence.law import alpha_range, fit_alpha_law
 
     plan = found.plan
     checks = {cell: check for cell, check in found.lengths.items() if check is not None}
@@ -115,7 +115,7 @@ def checks_markdown(found: Findings) -> str:
     lengths = length_lines(found)
     if lengths:
         parts.append("## Verdicts at longer training\n\nEach cell's best Mix-LN candidate and the Pre-LN reference continued from their "
-                     "checkpoints with the same seeds (blockforge/search/length_check.py says how warm-up and decay are handled). Holds, "
+                     "checkpoints with the same seeds (blockforge/search/checks/length_check.py says how warm-up and decay are handled). Holds, "
                      "grows, shrinks to a tie or flips: the verdict at each length against the search's own.\n\n"
                      + "\n".join("- " + line for line in lengths) + "\n\nThe alpha law at each length:\n\n"
                      + "\n".join("- " + line for line in law_per_length(found)) + "\n")

@@ -11,20 +11,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.evidence import Candidate, CellEvidence, Difference, evidence_by_cell
-from blockforge.search.ledger import TrialRecord
-from blockforge.search.progress import Progress, progress
+from blockforge.search.evidence.evidence import Candidate, CellEvidence, Difference, evidence_by_cell
+from blockforge.search.records.ledger import TrialRecord
+from blockforge.search.reports.progress import Progress, progress
 
 if TYPE_CHECKING:
-    from blockforge.search.law import BootstrapReport, LawReport, LawWindow
-    from blockforge.search.length_check import LengthCheck
-    from blockforge.search.lr_check import LrCheck
-    from blockforge.search.pareto import Front
-    from blockforge.search.plan import CellPlan
-    from blockforge.search.rungs import CellRungs
-    from blockforge.search.stability_check import StabilityCheck
-    from blockforge.search.stability_law import StabilityLaw
-    from blockforge.search.transfer import Prediction, TargetOutcome
+    from blockforge.search.evidence.law import BootstrapReport, LawReport, LawWindow
+    from blockforge.search.checks.length_check import LengthCheck
+    from blockforge.search.checks.lr_check import LrCheck
+    from blockforge.search.evidence.pareto import Front
+    from blockforge.search.reports.plan import CellPlan
+    from blockforge.search.evidence.rungs import CellRungs
+    from blockforge.search.checks.stability_check import StabilityCheck
+    from blockforge.search.checks.stability_law import StabilityLaw
+    from blockforge.search.checks.transfer import Prediction, TargetOutcome
 
 Cell = str  # a proxy cell's name, e.g. "depth=8"
 Target = str  # a transfer target's name
@@ -68,7 +68,7 @@ class CellAnswer:
     def plot(self):
         """A matplotlib figure of the cell's curves: the objective at every evaluation of each candidate's full-budget runs,
         one colour per candidate (k), one line per seed, the winner and Pre-LN named in the legend."""
-        from blockforge.search.figures import cell_curves
+        from blockforge.search.reports.figures import cell_curves
 
         return cell_curves(self)
 
@@ -123,9 +123,9 @@ class Findings:
 
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
-        from blockforge.search.law import bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
-        from blockforge.search.plan import cell_plan, search_plan
-        from blockforge.search.rungs import cell_rungs
+        from blockforge.search.evidence.law import bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
+        from blockforge.search.reports.plan import cell_plan, search_plan
+        from blockforge.search.evidence.rungs import cell_rungs
 
         evidence = evidence_by_cell(plan, records)
         by_cell: dict[str, list[TrialRecord]] = {}
@@ -139,18 +139,18 @@ class Findings:
         found.resampled = bootstrap_cells(plan, evidence, found.points)
         found.boot = bootstrap_laws(found.resampled)
         if plan.costs:
-            from blockforge.search.pareto import front_evidence
+            from blockforge.search.evidence.pareto import front_evidence
 
             found.fronts = {cell: front_evidence(evidence[cell].eligible, plan.costs, plan.mode) for cell in plan.cell_names()}
         if plan.targets:
-            from blockforge.search.transfer import judge, predictions, target_gaps
+            from blockforge.search.checks.transfer import judge, predictions, target_gaps
 
             proxies = [r for r in records if r.cell in set(plan.cell_names())]
             found.predictions = predictions(plan, proxies, plan.target_names(), evidence, found.boot, found.points)
             found.outcomes = {t: judge(plan, records, p) for t, p in found.predictions.items() if p is not None}
             found.gaps = {t: target_gaps(plan, evidence[t]) for t in plan.target_names()}
         if plan.confirm is not None and plan.confirm.lr is not None:
-            from blockforge.search.lr_check import lr_check
+            from blockforge.search.checks.lr_check import lr_check
 
             found.lr_checks = {cell: lr_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
         if plan.guide is not None:
@@ -162,12 +162,12 @@ class Findings:
 
             found.races = {cell: race_history(plan, evidence[cell], plan.settings[cell].base_seed) for cell in plan.cell_names()}
             if plan.confirm.length is not None:
-                from blockforge.search.length_check import length_check
+                from blockforge.search.checks.length_check import length_check
 
                 found.lengths = {cell: length_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
             if plan.confirm.stability is not None:
-                from blockforge.search.stability_check import stability_check
-                from blockforge.search.stability_law import stability_law
+                from blockforge.search.checks.stability_check import stability_check
+                from blockforge.search.checks.stability_law import stability_law
 
                 found.stability = {cell: stability_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
                 found.stability_law = stability_law(plan, found.stability, evidence)

@@ -101,7 +101,7 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
     rows.append(["total", "", "", "", *(sum(c.trials.get(s, 0) for c in cells) for s in stages), total_trials, f"{total_flops:.3g}"])
     table = text_table(["cell", "parameters", "non-embedding", "FLOPs/trial", *stages, "trials (at most)", "FLOPs (at most)"], rows,
                        "lrrr" + "r" * (len(stages) + 2))
-    lines = [f"Compute plan of {plan.name} (worst case; FLOPs as in blockforge.search.plan):", table]
+    lines = [f"Compute plan of {plan.name} (worst case; FLOPs as in blockforge.search.reports.plan):", table]
     lines += guided_lines(plan, cells)
     lines += storage_lines(plan, cells)
     if plan.confirm is not None and plan.confirm.length is not None:
@@ -162,7 +162,7 @@ def storage_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
 
 def stability_line(plan: SearchPlan) -> str:
     """What the stability column counts."""
-    from blockforge.search.stability_check import grid, probe_steps, warmups
+    from blockforge.search.checks.stability_check import grid, probe_steps, warmups
 
     cell = plan.cell_names()[0]
     levels = grid(plan, cell).levels

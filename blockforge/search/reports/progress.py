@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
     from blockforge.search.config import SearchPlan
-    from blockforge.search.evidence import CellEvidence
+    from blockforge.search.evidence.evidence import CellEvidence
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Progress:
 def quick_progress(plan: "SearchPlan", records: list[TrialRecord], name: str, evidence: "CellEvidence", planned: int = 0) -> Progress:
     """A cell's progress from its records and evidence: running trials, exploration, confirmation and racing (what the live
     view can afford at every update); the checks are `progress`'s."""
-    from blockforge.search.evidence import min_seeds
+    from blockforge.search.evidence.evidence import min_seeds
 
     mine = [r for r in records if r.cell == name]
     running = sum(r.status in (Status.RUNNING, Status.INTERRUPTED) for r in mine)

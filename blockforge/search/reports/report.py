@@ -15,12 +15,12 @@ import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text, figure, saved
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.evidence import METHOD, Candidate, CellEvidence, describe, verdict
-from blockforge.search.findings import Findings
-from blockforge.search.law import BootstrapReport, LawReport, alpha_range, decided_law
-from blockforge.search.ledger import Ledger, StageName, TrialRecord
-from blockforge.search.progress import progress
-from blockforge.search.views import write_optuna_storage, write_results_csv, write_tensorboard
+from blockforge.search.evidence.evidence import METHOD, Candidate, CellEvidence, describe, verdict
+from blockforge.search.reports.findings import Findings
+from blockforge.search.evidence.law import BootstrapReport, LawReport, alpha_range, decided_law
+from blockforge.search.records.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.reports.progress import progress
+from blockforge.search.reports.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
@@ -38,7 +38,7 @@ def other_keys(plan: SearchPlan) -> list[str]:
 def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], found: Findings | None = None) -> tuple[list[str], list[list]]:
     """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN
     (with confirm.stability and `found`: its stability against Pre-LN's too)."""
-    from blockforge.search.stability_report import stability_column
+    from blockforge.search.reports.stability_report import stability_column
 
     stability = ["stability vs Pre-LN"] if found is not None and plan.confirm is not None and plan.confirm.stability is not None else []
     extra = other_keys(plan)
@@ -135,7 +135,7 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
 def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path | None = None):
     import numpy as np
 
-    from blockforge.search.law import LAWS
+    from blockforge.search.evidence.law import LAWS
 
     fig, ax = figure(figsize=(6, 4))
     widths = sorted({p["width"] for p in points})
@@ -258,7 +258,7 @@ def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
 def plot_fronts(plan: SearchPlan, fronts: dict, path: Path | None = None):
     """Per cell and cost: quality (mean with its 95% t interval over seeds) against the cost; front points filled."""
 
-    from blockforge.search.evidence import t_quantile
+    from blockforge.search.evidence.evidence import t_quantile
 
     cells, names = list(fronts), [c for c, _ in plan.costs]
     # front points are labelled with their number (the table's, and what `export --pick` takes), listed under the plots
@@ -327,7 +327,7 @@ def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps
     """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
     Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
     is read off the lower row."""
-    from blockforge.search.transfer import seed_curves
+    from blockforge.search.checks.transfer import seed_curves
 
     targets = [t for t in plan.target_names() if evidence[t].candidates]
     fig, axes = figure(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
@@ -487,7 +487,7 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    from blockforge.search.stability_report import stability_lines
+    from blockforge.search.reports.stability_report import stability_lines
 
     return (console + "\n\n" + "\n".join(claims + provisional + pareto_lines + lr_lines + stability_lines(found) + advice)
             + ("\n\n" + verdict_line if plan.varies_alpha else "")
@@ -513,7 +513,7 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
     if plan.confirm is not None and plan.confirm.stability is not None:
-        from blockforge.search.stability_report import stability_data
+        from blockforge.search.reports.stability_report import stability_data
 
         atomic_write_json(search_dir / "stability.json", stability_data(found))
     return tensorboard
@@ -554,7 +554,7 @@ def _provisional_text(lines: list[str]) -> str:
 
 
 def _plot_stability(found: Findings, path: Path | None):
-    from blockforge.search.stability_report import plot_stability
+    from blockforge.search.reports.stability_report import plot_stability
 
     return plot_stability(found, path)
 
@@ -573,7 +573,7 @@ def _transfer_markdown(plan: SearchPlan, markdown: str) -> str:
     if not plan.targets:
         return ""
     return ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
-            f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/transfer.py).\n\n{markdown}\n")
+            f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/checks/transfer.py).\n\n{markdown}\n")
 
 
 def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: str | None, tensorboard: bool) -> str:
@@ -591,8 +591,8 @@ def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: 
 
 def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:
     """summary.md: the objective and method, the table and claims, then a section per kind of evidence."""
-    from blockforge.search.checks_report import checks_markdown
-    from blockforge.search.stability_report import stability_markdown
+    from blockforge.search.reports.checks_report import checks_markdown
+    from blockforge.search.reports.stability_report import stability_markdown
     from blockforge.search.stages.confirm import describe_confirmation
     from blockforge.search.stages.promote import PROMOTION_RULE
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockforge.io import figure, saved
-from blockforge.search.findings import Findings
+from blockforge.search.reports.findings import Findings
 from blockforge.tables import markdown_table
 from blockforge.train.stability import RULE, Rule
 
@@ -37,7 +37,7 @@ def stability_markdown(found: Findings, rule: Rule = RULE) -> str:
         return ""
     parts = [f"## Stability: each candidate's largest stable learning rate\n\nA run is unstable when it diverges, {rule.text()} "
              "(blockforge/train/stability.py). Per seed of the confirmation, the largest stable learning rate is found by bisection in log "
-             "space between the search's learning rate and lr_max (blockforge/search/stability_check.py); below, its geometric mean over "
+             "space between the search's learning rate and lr_max (blockforge/search/checks/stability_check.py); below, its geometric mean over "
              "seeds with a 95% t interval, and its ratio to Pre-LN's paired by seed, whose interval is widened by one step of the grid: "
              "`less stable` or `more stable` only when that interval excludes 1.\n"]
     for cell, check in found.stability.items():
@@ -59,7 +59,7 @@ def stability_markdown(found: Findings, rule: Rule = RULE) -> str:
                             f"{f.versus_pre[0]:+.2f} [{f.versus_pre[1]:+.2f}, {f.versus_pre[2]:+.2f}]" if f.versus_pre else "-"]
                            for f in law.fits])
     parts.append("### Across cells\n\nPower laws of the largest stable learning rate in depth (and width), fitted to each kind's cells "
-                 "and bootstrapped over seeds (blockforge/search/stability_law.py):\n\n" + fits + "\n\n"
+                 "and bootstrapped over seeds (blockforge/search/checks/stability_law.py):\n\n" + fits + "\n\n"
                  + "\n".join(f"- {line}" for line in law.verdicts()) + "\n")
     if law.predictions:
         rows = [[p.size, p.kind, f"{p.warmup:g}", f"{p.largest:.3g} [{p.low:.3g}, {p.high:.3g}]", f"{p.lr:g}", p.verdict
@@ -98,7 +98,7 @@ def plot_stability(found: Findings, path: Path | None = None):
     search's learning rate dashed and each law drawn where one was fitted."""
     import numpy as np
 
-    from blockforge.search.stability_law import kind_of
+    from blockforge.search.checks.stability_law import kind_of
 
     plan = found.plan
     series: dict[tuple[str, float, int], list[tuple[int, float, float, float]]] = {}

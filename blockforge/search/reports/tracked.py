@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import TrialRecord
-from blockforge.search.runs import metric_lines
-from blockforge.search.views import searched_label
+from blockforge.search.records.ledger import TrialRecord
+from blockforge.search.records.runs import metric_lines
+from blockforge.search.reports.views import searched_label
 from blockforge.tracking import STATE_FILE, Trackers
 from blockforge.train.events import Status
 
@@ -84,8 +84,8 @@ class SearchTracking:
 
     def finish(self, records: list[TrialRecord], found, stopped: bool = False) -> None:
         """The last update, the answers per cell as a table, then every tracker run closed."""
-        from blockforge.search.findings import CellAnswer
-        from blockforge.search.evidence import describe
+        from blockforge.search.reports.findings import CellAnswer
+        from blockforge.search.evidence.evidence import describe
 
         self.update(records)
         if not self.trackers:

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from blockforge.io import atomic_write_text
 from blockforge.search.config import MIX_LN_ALPHA, Dimension, SearchPlan, cell_slug
-from blockforge.search.ledger import APART, COLUMNS, TrialRecord
-from blockforge.search.runs import metric_lines, numbers
+from blockforge.search.records.ledger import APART, COLUMNS, TrialRecord
+from blockforge.search.records.runs import metric_lines, numbers
+from blockforge.search.records.store import TENSORBOARD_FOLDER
 from blockforge.train.events import Status
 
 OPTUNA_FILE = "optuna.journal"
-TENSORBOARD_FOLDER = "tensorboard"
 
 
 def short_names(keys: list[str]) -> dict[str, str]:
@@ -171,7 +171,7 @@ def _journal(plan: SearchPlan, records: list[TrialRecord]):
 def write_optuna_storage(search_dir: Path, plan: SearchPlan, records: list[TrialRecord]) -> Path:
     """optuna.journal: one study per cell (named by the cell) holding every trained trial, rebuilt from the ledger
     and swapped in whole. `optuna-dashboard optuna.journal` opens it; in Python, optuna.load_study(study_name=CELL,
-    storage=blockforge.search.views.optuna_storage(PATH))."""
+    storage=blockforge.search.reports.views.optuna_storage(PATH))."""
     from blockforge.io import atomic_write
 
     _, backend = _journal(plan, records)

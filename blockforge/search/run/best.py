@@ -7,7 +7,7 @@ from pathlib import Path
 
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import stored_plan
-from blockforge.search.ledger import Ledger
+from blockforge.search.records.ledger import Ledger
 from blockforge.tables import fmt, markdown_table
 from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
@@ -35,7 +35,7 @@ def pick_cell(cells: list[str], wanted: str | Mapping | None, search_dir, flag: 
 def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None):
     """The front point `pick` (numbered as summary.md lists them), or the best quality among front points within the
     budget `under` ('COST=X'), with its number: a search with a cost axis only."""
-    from blockforge.search.pareto import front_evidence
+    from blockforge.search.evidence.pareto import front_evidence
 
     if not plan.costs:
         raise BlockforgeError("--pick and --under choose a point of a front; this search has no cost axis (objectives)")
@@ -68,7 +68,7 @@ def _front_choice(plan, evidence, name: str, pick: int | None, under: str | None
 def _card_search_section(plan, evidence, name: str, chosen, point, number: int | None, seed: int, note: str, how: str) -> str:
     """What the card says of the search: which model these weights are (the cell's winner, or front point N with its
     costs), its replicates, and how it compares (with Pre-LN where the search compares placements), naming the method."""
-    from blockforge.search.evidence import METHOD, describe, verdict
+    from blockforge.search.evidence.evidence import METHOD, describe, verdict
 
     if chosen is None:
         return f"No model of cell `{name}` reached the full budget in the search; these weights are its furthest pruned trial ({note})."
@@ -102,7 +102,7 @@ def export_best(
     """Export cell `cell`'s winner (the best mean over its replicates after confirmation, its base-seed run), or with a
     cost axis the front point `pick` or the best within `under`, in `format`. `search`: the search folder, or its URI
     (the records, then the chosen run, are taken down into a local copy first)."""
-    from blockforge.search.store import SearchStore
+    from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
 
     store = SearchStore(Storage.open(search), purpose="exports")
@@ -110,8 +110,8 @@ def export_best(
     search_dir = store.local
     from blockforge.export import check_export_format, export_run
     from blockforge.spec.serialize import load_spec
-    from blockforge.search.evidence import describe, evidence_by_cell
-    from blockforge.search.report import candidate_table
+    from blockforge.search.evidence.evidence import describe, evidence_by_cell
+    from blockforge.search.reports.report import candidate_table
     from blockforge.train.loop import Trainer
 
     plan = stored_plan(search_dir)
@@ -135,7 +135,7 @@ def export_best(
     check_export_format(format, load_spec(run_dir / "spec.yaml"), target)  # refused before any retraining
     if retrain or not full:
         # A partial (pruned) best, or an explicit request: train the best spec to the full budget, on the search's data.
-        from blockforge.search.datasets import found_sets
+        from blockforge.search.run.datasets import found_sets
 
         plan.prepared = found_sets(plan, store)
         recipe = plan.recipe(plan.seed_overrides(name, searched, seed), prepared=True)

@@ -23,8 +23,8 @@ from pathlib import Path
 from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
-from blockforge.search.ledger import Ledger, LedgerFollower, StageName, TrialRecord
-from blockforge.search.store import SearchStore
+from blockforge.search.records.ledger import Ledger, LedgerFollower, StageName, TrialRecord
+from blockforge.search.records.store import SearchStore
 from blockforge.spec import Assignment
 from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray
 from blockforge.storage import Lease, Storage, StorageError
@@ -40,7 +40,7 @@ class ProgressView:
 
     def __init__(self, ledger: Ledger, plan: SearchPlan, every_s: float = 10.0, scheduler=None, tracking=None, mode: str = "lines"):
         """scheduler: the search's CellScheduler, whose rung tables the line quotes (Tune pickles both together);
-        tracking: the search's trackers (search/tracked.py), given what the trials added at each update; mode: "lines"
+        tracking: the search's trackers (search/reports/tracked.py), given what the trials added at each update; mode: "lines"
         prints a status line per update (a terminal, a log), "bar" keeps one progress bar (a notebook)."""
         self.path, self.plan, self.every_s, self.scheduler = ledger.path, plan, every_s, scheduler  # no stream held: Tune pickles callbacks
         self.mode, self.bar = mode, None
@@ -77,9 +77,9 @@ class ProgressView:
 
     def _best(self, records: list[TrialRecord]) -> str:
         """The best model of each cell so far, its verdict, its first rung's agreement and whether the answer is final."""
-        from blockforge.search.evidence import describe
+        from blockforge.search.evidence.evidence import describe
 
-        from blockforge.search.progress import quick_progress
+        from blockforge.search.reports.progress import quick_progress
 
         parts = []
         for cell, e in self._evidence(records).items():
@@ -94,7 +94,7 @@ class ProgressView:
     def _planned(self) -> dict[str, int]:
         """Each cell's worst case in trials (the compute plan's), computed once."""
         if self.planned is None:
-            from blockforge.search.plan import search_plan
+            from blockforge.search.reports.plan import search_plan
 
             self.planned = {c.cell: c.total_trials for c in search_plan(self.plan)}
         return self.planned
@@ -116,7 +116,7 @@ class ProgressView:
 
     def _evidence(self, records: list[TrialRecord]) -> dict:
         """Each cell's evidence, recomputed only for the cells with a trial finished since the last update."""
-        from blockforge.search.evidence import cell_evidence, min_seeds
+        from blockforge.search.evidence.evidence import cell_evidence, min_seeds
 
         finished = dict.fromkeys(self.plan.cell_names(), 0)
         for r in records:
@@ -135,7 +135,7 @@ class ProgressView:
             records = self.ledger.records()
             self._show(records, tune_trials)
             if journal:
-                from blockforge.search.views import LiveJournal
+                from blockforge.search.reports.views import LiveJournal
 
                 if self.journal is None:
                     self.journal = LiveJournal(self.path.parent, self.plan)
@@ -168,7 +168,7 @@ class ProgressView:
 def _tune_callback(view: ProgressView):
     from ray.tune import Callback
 
-    from blockforge.search.trials import WRITE_ERROR, WRITE_FIX
+    from blockforge.search.run.trials import WRITE_ERROR, WRITE_FIX
 
     def live() -> ProgressView:
         """This driver's view: a restored Tuner calls the copy of the view it unpickled, which holds no trackers."""
@@ -388,7 +388,7 @@ def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tu
 def _trainable(plan: SearchPlan, store: SearchStore):
     from ray import tune
 
-    from blockforge.search.trials import run_trial
+    from blockforge.search.run.trials import run_trial
 
     trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage))
     if plan.transfer is None or plan.transfer.resources is None:
@@ -451,15 +451,15 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
         raise BlockforgeError(f"{store}: holds no search to resume; run without --resume (or give --out of the search)")
     if address is not None:
         probe_address(address)  # seconds, not the minutes of a Ray start that waits on it
-    from blockforge.search.datasets import check_named_sets
+    from blockforge.search.run.datasets import check_named_sets
     from blockforge.search.preflight import memory_needs
 
     check_named_sets(plan)  # before Ray starts: a set a recipe names that is missing, cut short or does not fit it is one sentence
     needs = memory_needs(plan)  # and so is a model too large even to plan
-    from blockforge.search.plan import format_plan, search_plan
+    from blockforge.search.reports.plan import format_plan, search_plan
 
     print(format_plan(plan, search_plan(plan)), flush=True)
-    from blockforge.search.datasets import describe_sets
+    from blockforge.search.run.datasets import describe_sets
 
     for line in describe_sets(plan):
         print(line, flush=True)
@@ -488,8 +488,8 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
 
 def _report(plan: SearchPlan, store: SearchStore, ledger: Ledger, tracking, stopped: bool) -> str:
     """Write the reports (and put them up), give the trackers the answers and close them; the summary the CLI prints."""
-    from blockforge.search.findings import Findings
-    from blockforge.search.report import write_reports
+    from blockforge.search.reports.findings import Findings
+    from blockforge.search.reports.report import write_reports
 
     store.pull_runs()  # every run's curves and results, as the trials put them up
     records = ledger.records()
@@ -510,7 +510,7 @@ def _take_up(path, plan: SearchPlan, store: SearchStore, command: str) -> list:
     if started["fingerprint"] != plan.fingerprint():
         raise BlockforgeError(f"{path}: the search file (or a --set) changed since {store} was started; resume with "
                               f"the same ones ({resume_command(started['file'], store.storage, started.get('overrides'))}), or choose another --out")
-    from blockforge.search.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
+    from blockforge.search.records.repair import repair_ledger  # a damaged ledger is repaired from its copies and the run folders, or refused
 
     repaired = repair_ledger(search_dir, plan.metric, command, plan)
     if repaired:
@@ -565,7 +565,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         retried = []
         store.start_afresh()
     ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
-    from blockforge.search.tracked import SearchTracking
+    from blockforge.search.reports.tracked import SearchTracking
 
     tracking = SearchTracking.open(plan, store)  # W&B, MLflow: their failures are warnings, before anything trains
     try:
@@ -578,7 +578,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 interrupts.arm()
                 check_cluster(plan, needs, address, store)
                 interrupts.check()
-                from blockforge.search.datasets import prepare_search_sets
+                from blockforge.search.run.datasets import prepare_search_sets
 
                 plan.prepared = prepare_search_sets(plan, store, should_stop=interrupts.check)  # before the first trial
                 interrupts.check()
@@ -660,10 +660,11 @@ def _failure_sentence(err: BaseException, default: str) -> tuple[str, str]:
 
 
 def _damaged_tune_state(store: SearchStore) -> str | None:
-    """damaged_tune_state of the search's Tune state, wherever the storage keeps it (a URI's: taken down to look at)."""
+    """Why the search's Tune state cannot be restored (damaged_tune_state), wherever the storage keeps it (a URI's: taken down
+    to look at), or None."""
     if not store.remote:
         damaged = damaged_tune_state(store.local / "tune")
-        return None if damaged is None else str(damaged)
+        return None if damaged is None else f"{damaged[0]}: {damaged[1]}"
     local = store.local / "tune"
     shutil.rmtree(local, ignore_errors=True)
     for name in store.storage.child("tune").listing():
@@ -671,17 +672,17 @@ def _damaged_tune_state(store: SearchStore) -> str | None:
             store.storage.download(f"tune/{name}", local / name)
     damaged = damaged_tune_state(local)
     shutil.rmtree(local, ignore_errors=True)
-    return None if damaged is None else f"{store}/tune/{damaged.name}"
+    return None if damaged is None else f"{store}/tune/{damaged[0].name}: {damaged[1]}"
 
 
-def damaged_tune_state(experiment: Path) -> Path | None:
-    """The first file of Ray Tune's newest saved state in `experiment` that cannot be read back, if any.
+def damaged_tune_state(experiment: Path) -> tuple[Path, str] | None:
+    """The first file of Ray Tune's newest saved state in `experiment` that cannot be restored, and why, if any.
 
-    Tune copies its state into the search folder without renaming it into place, so a full disk or a
-    kill during the copy can leave it cut short; restoring from it would lose the search's progress.
+    Tune copies its state into the search folder without renaming it into place, so a full disk or a kill during the copy
+    can leave it cut short; restoring from it would lose the search's progress. Its pickles hold the searcher, the scheduler
+    and the cells by module path: a state saved by a blockforge whose modules were laid out otherwise names classes this one
+    does not have, and restoring it would fail inside Tune.
     """
-    import pickletools
-
     newest = sorted(experiment.glob("experiment_state-*.json"))
     if not newest:
         return None
@@ -690,18 +691,67 @@ def damaged_tune_state(experiment: Path) -> Path | None:
                  experiment / "tuner.pkl"):
         try:
             with open(path, "rb") as f:
-                if f.read(1) == b"\x80":  # a pickle (Tune names some of its pickles .json): its opcodes to the end, none run
+                if f.read(1) == b"\x80":  # a pickle (Tune names some of its pickles .json): read through, nothing of it run
                     f.seek(0)
-                    for _ in pickletools.genops(f):
-                        pass
+                    missing = [name for name in sorted(_pickle_names(f)) if name.startswith("blockforge.") and not _importable(name)]
+                    if missing:
+                        return path, f"saved by another version of blockforge ({missing[0]} is not in this one)"
                 else:
                     f.seek(0)
                     json.load(f)
         except FileNotFoundError:
             continue
         except Exception:  # cut short or garbled: any error of reading it back
-            return path
+            return path, "Ray Tune's saved state is damaged"
     return None
+
+
+def _pickle_names(file) -> set[str]:
+    """Every class or function a pickle names (module.qualname), read from its opcodes: nothing of it is run or imported.
+    Raises on a pickle cut short or garbled."""
+    import pickletools
+
+    names, memo, pushed = set(), {}, []  # pushed: the values of the latest pushes (a string, or None for anything else)
+    for opcode, arg, _ in pickletools.genops(file):
+        if opcode.name == "GLOBAL":
+            names.add(arg.replace(" ", "."))
+        elif opcode.name == "STACK_GLOBAL":
+            if len(pushed) >= 2 and isinstance(pushed[-2], str) and isinstance(pushed[-1], str):
+                names.add(f"{pushed[-2]}.{pushed[-1]}")
+        elif opcode.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif opcode.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = pushed[-1] if pushed else None
+        elif opcode.name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed.append(memo.get(arg))
+        elif opcode.stack_after:
+            pushed.append(arg if isinstance(arg, str) and "UNICODE" in opcode.name else None)
+        del pushed[:-2]
+    return names
+
+
+def _importable(qualified: str) -> bool:
+    """Whether `module.qualname` names something this blockforge has (its module imported to look)."""
+    import importlib
+
+    parts = qualified.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module; the rest is the qualname
+        module = ".".join(parts[:cut])
+        try:
+            target = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        except Exception:
+            return False
+        for attribute in parts[cut:]:
+            target = getattr(target, attribute, _MISSING)
+            if target is _MISSING:
+                return False
+        return True
+    return False
+
+
+_MISSING = object()
 
 
 class _Silent:
@@ -737,18 +787,18 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
-    from blockforge.search.evidence import t_quantile
-    from blockforge.search.scheduler import CellScheduler
-    from blockforge.search.searcher import CellSearcher
+    from blockforge.search.evidence.evidence import t_quantile
+    from blockforge.search.run.scheduler import CellScheduler
+    from blockforge.search.run.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
     trainable = _trainable(plan, store)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
     interrupts.check()
     damaged = _damaged_tune_state(store) if resume else None
-    if damaged is not None:  # e.g. written while the disk filled up: the ledger has the search, Tune starts anew
+    if damaged is not None:  # e.g. written while the disk filled up, or by another version: the ledger has the search, Tune starts anew
         store.set_aside("tune", "tune.damaged")
-        warn(f"{damaged}: Ray Tune's saved state is damaged (moved to tune.damaged/); the search continues from its ledger")
+        warn(f"{damaged}; moved to tune.damaged/, the search continues from its ledger")
     elif resume and rebuild:
         store.set_aside("tune", "tune.before-retry")
     if resume and damaged is None and not rebuild and tune.Tuner.can_restore(str(experiment)):

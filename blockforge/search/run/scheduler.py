@@ -6,7 +6,7 @@ cutoff by more than the rung's margin, the largest amount by which one of the ce
 seed) was behind another there and still ended ahead (at least `asha.margin`). Only trials whose config says
 `early_stop` (SearchPlan.stops_early) are judged; the others run the full budget.
 
-What a rung holds lives in the cell's RungTable (search/rungs.py): read once from the trials' run folders (so a resumed driver
+What a rung holds lives in the cell's RungTable (search/evidence/rungs.py): read once from the trials' run folders (so a resumed driver
 decides as the first one would have), then kept up to date from the results Tune reports and the full-budget
 curves the cell records. A decision costs the same at the ten-thousandth trial as at the tenth.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from blockforge.search.config import OBJECTIVE, SEED_KEY, SearchPlan, trial_dir
-from blockforge.search.ledger import APART, StageName
-from blockforge.search.rungs import Curve, RungTable, curve_of
+from blockforge.search.records.ledger import APART, StageName
+from blockforge.search.evidence.rungs import Curve, RungTable, curve_of
 from blockforge.search.stages.base import ended_status
 from blockforge.train.events import Status
 
@@ -50,7 +50,7 @@ class CellScheduler(FIFOScheduler):
     def __init__(self, plan: SearchPlan, search):
         """search: the search folder (a local path, or a search/store.SearchStore)."""
         super().__init__()
-        from blockforge.search.store import SearchStore
+        from blockforge.search.records.store import SearchStore
 
         self.plan = plan
         self.store = SearchStore.of(search)
@@ -66,7 +66,7 @@ class CellScheduler(FIFOScheduler):
     def table(self, cell: str) -> RungTable:
         """Cell `cell`'s rungs: every cell's are read from the ledger the first time any is asked for."""
         if self.tables is None:
-            from blockforge.search.ledger import Ledger
+            from blockforge.search.records.ledger import Ledger
 
             store = self.store.rebound()  # the driver's (a scheduler restored from Tune's state was saved elsewhere)
             records = Ledger(store.local / "trials.jsonl").records()

@@ -1,9 +1,9 @@
 """The Ray Tune Searcher of a blockforge search: Tune's calls handed to the cells.
 
-Each cell (search/cell.py) runs its own pipeline of stages (search/stages/). The searcher hands out trials
+Each cell (search/stages/cell.py) runs its own pipeline of stages (search/stages/). The searcher hands out trials
 round-robin across the cells that have one, so a cluster works on every cell at once, and routes each result
 and each end to the cell the trial belongs to. Nothing here reads the ledger after the start: the cells hold
-what they need. CellScheduler (search/scheduler.py) is the per-cell guarded ASHA beside it.
+what they need. CellScheduler (search/run/scheduler.py) is the per-cell guarded ASHA beside it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ray.tune.search import Searcher
 
-from blockforge.search.cell import Cell, SearchContext
+from blockforge.search.stages.cell import Cell, SearchContext
 from blockforge.search.config import OBJECTIVE, SearchPlan
-from blockforge.search.ledger import Ledger
-from blockforge.search.store import SearchStore
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.records.store import SearchStore
 from blockforge.search.stages.explore import FREE_ASKS_IN_A_ROW
 from blockforge.search.stages.pipeline import build_stages
 from blockforge.search.stages.guidance import Guidance

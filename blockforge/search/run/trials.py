@@ -6,7 +6,7 @@ resumed search, a retry after its node died) continue instead of starting over. 
 whether a restarted trial trains at all: one it records as pruned, or a run folder with a result,
 reports that end at once. On a multi-node cluster the search folder is either on storage every node
 mounts, or in an object store: then the trial trains in a scratch folder of its node that starts as
-the storage's copy of its run folder, and puts its files up before every report (search/store.py), so
+the storage's copy of its run folder, and puts its files up before every report (search/records/store.py), so
 whatever the storage holds is what Tune was told, and a trial continues on any node.
 
 A trial with several workers (resources.gpu > 1, or resources.workers) trains data-parallel: this
@@ -85,7 +85,7 @@ def _report_recorded_end(config: dict, plan: SearchPlan, storage: Storage) -> bo
     The ledger is read from the search's storage, not from this node's disk."""
     from ray import tune
 
-    from blockforge.search.store import storage_record
+    from blockforge.search.records.store import storage_record
     from blockforge.train.events import Status
 
     record = storage_record(storage, config["cell"], config["number"])
@@ -101,7 +101,7 @@ def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
     `search`: the search folder, a local path or a URI (blockforge.storage)."""
     from blockforge.errors import BlockforgeError, FolderInUseError
     from blockforge.search.stages.base import FAILURE
-    from blockforge.search.store import Superseded
+    from blockforge.search.records.store import Superseded
 
     storage = search
     try:
@@ -160,8 +160,8 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
     import torch
     from ray import tune
 
-    from blockforge.search.runs import damaged_result, last_evaluation, run_end
-    from blockforge.search.store import trial_folder
+    from blockforge.search.records.runs import damaged_result, last_evaluation, run_end
+    from blockforge.search.records.store import trial_folder
     from blockforge.train.checkpoint import checkpoint_folders, keep_final_weights
     from blockforge.train.events import Status
     from blockforge.train.loop import Trainer
@@ -220,7 +220,7 @@ def stability_result(stability) -> dict:
 
 def start_from(storage: Storage, source: str, run_dir: Path) -> None:
     """Put the newest whole checkpoint of run folder `source` (relative to the search) and its curve into `run_dir`, so the
-    run continues from there (search/length_check.py says how the schedule goes on)."""
+    run continues from there (search/checks/length_check.py says how the schedule goes on)."""
     from blockforge.errors import BlockforgeError
     from blockforge.io import atomic_write_json
 
@@ -248,7 +248,7 @@ def _measured_costs(plan: SearchPlan, recipe, storage: Storage) -> dict[str, flo
         return {}
     import torch
 
-    from blockforge.search.store import node_scratch
+    from blockforge.search.records.store import node_scratch
     from blockforge.storage import Mirror
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class CellLike(Protocol):
-    """What a stage that queues trials receives of its cell (search/cell.py's StageView): its finalists, changed through
+    """What a stage that queues trials receives of its cell (search/stages/cell.py's StageView): its finalists, changed through
     their methods; its own trials, asked for through Stage.queue; everything else read only. The exploring stage,
     which is the cell's sampler, receives the Cell itself."""
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from blockforge.search.config import SearchPlan, trial_dir, trial_identity
-from blockforge.search.ledger import Ledger, StageName, TrialRecord
-from blockforge.search.store import SearchStore
+from blockforge.search.records.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.records.store import SearchStore
 from blockforge.search.stages.base import FAILURE, Finalists, Outcome, Stage, Trial, ended_status
 from blockforge.train.events import Status
 
@@ -57,7 +57,7 @@ class SearchContext:
         checkpoints). A resumed driver that finds the cell done thins what is left; nothing it runs needs what went."""
         if getattr(self.plan, "keep_checkpoints", None) is not None:
             return
-        from blockforge.search.store import thin_run
+        from blockforge.search.records.store import thin_run
 
         store = self.store.rebound()
         for record in cell.records():
@@ -321,7 +321,7 @@ class Cell:
 
     def evidence(self, min_seeds: int, against_pre_ln: bool = True):
         """The cell's evidence (evidence.cell_evidence), recomputed only after one of its trials finished."""
-        from blockforge.search.evidence import cell_evidence
+        from blockforge.search.evidence.evidence import cell_evidence
 
         key = (min_seeds, against_pre_ln)
         if self._evidence is None or self._evidence[0] != key:

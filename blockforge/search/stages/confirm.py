@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from blockforge.errors import SpecError
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Finalist, Outcome, Stage, promoted_before
 from blockforge.spec.search import mode_sign
 from blockforge.train.events import Status
@@ -46,7 +46,7 @@ def race_drops(in_race: list, seeds: list[int], plan: SearchPlan) -> dict[str, t
     them; a finalist leaves when its paired interval against the leader at level 1 - RACE_ERROR / race_looks excludes
     zero on the losing side, so that looking again after every seed does not raise the chance of a wrong drop. The
     Pre-LN reference never leaves: the verdict against it is the cell's claim, made on every confirmation seed."""
-    from blockforge.search.evidence import paired_difference
+    from blockforge.search.evidence.evidence import paired_difference
 
     if len(seeds) < 2 or len(in_race) < 2:
         return {}
@@ -107,7 +107,7 @@ class Confirm(Stage):
 
     def _drop_behind(self, cell: CellLike) -> None:
         """Before a further seed: the finalists clearly behind the leader on the seeds so far leave the race."""
-        from blockforge.search.evidence import describe
+        from blockforge.search.evidence.evidence import describe
 
         finalists = cell.finalists
         if finalists.extra_seeds < 1:
@@ -167,7 +167,7 @@ class Front(Confirm):
     seed each), best quality first, at most 2 * top of them; the pruned best ones when nothing completed."""
 
     def choose(self, ranked: list[Outcome]) -> list[Outcome]:
-        from blockforge.search.evidence import dominates
+        from blockforge.search.evidence.evidence import dominates
 
         plan = self.plan
         done = [o for o in ranked if o.status == Status.COMPLETED]

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from blockforge.errors import SpecError
 from blockforge.search.config import OBJECTIVE, SearchPlan
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.search.stages.base import Outcome, Stage, Trial
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import Cell
+    from blockforge.search.stages.cell import Cell
 
 # Duplicates and invalid combinations cost nothing and do not use a cell's trial budget; a cell whose
 # sampler keeps proposing only those has exhausted its space and closes after this many in a row.

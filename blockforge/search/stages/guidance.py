@@ -20,21 +20,21 @@ import threading
 from typing import TYPE_CHECKING
 
 from blockforge.search.config import MIX_LN_COUNT, SearchPlan
-from blockforge.search.ledger import StageName, TrialRecord
+from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.search.stages.explore import Explore
 from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import Cell, SearchContext
-    from blockforge.search.law import LawWindow
+    from blockforge.search.stages.cell import Cell, SearchContext
+    from blockforge.search.evidence.law import LawWindow
 
 
 def guide_window(plan: SearchPlan, name: str, records: list) -> "LawWindow | None":
     """Guided cell `name`'s window, from the records of every cell before it in the plan's order (the same computation for
     the search and its reports)."""
-    from blockforge.search.evidence import evidence_by_cell
-    from blockforge.search.law import bootstrap_cells, law_points, law_window
+    from blockforge.search.evidence.evidence import evidence_by_cell
+    from blockforge.search.evidence.law import bootstrap_cells, law_points, law_window
 
     before = set(plan.before(name))
     evidence = evidence_by_cell(plan, [r for r in records if r.cell in before])

@@ -2,14 +2,14 @@
 Mix-LN candidate and the Pre-LN reference continue from their checkpoints to each factor times the steps, with the
 seeds their verdict was measured on, one length after the other (each continuing from the one before); with
 `until_stable` the check stops once the verdicts at two consecutive lengths agree. Its trials are recorded with stage
-`length` and stay out of the cell's main evidence; search/length_check.py reads them (how a checkpoint is extended is
+`length` and stay out of the cell's main evidence; search/checks/length_check.py reads them (how a checkpoint is extended is
 said there).
 """
 
 from __future__ import annotations
 
 from blockforge.search.config import SearchPlan, trial_rel
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Stage
 
 
@@ -21,8 +21,8 @@ class Length(Stage):
         self.plan = plan
 
     def open(self, cell: CellLike) -> bool:
-        from blockforge.search.evidence import min_seeds
-        from blockforge.search.length_check import continuation, length_check, proxy_searched
+        from blockforge.search.evidence.evidence import min_seeds
+        from blockforge.search.checks.length_check import continuation, length_check, proxy_searched
 
         evidence = cell.evidence(min_seeds(self.plan))
         check = length_check(self.plan, cell.records(), evidence, trained_only=True)

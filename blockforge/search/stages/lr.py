@@ -7,7 +7,7 @@ with stage `lr` and stay out of the cell's main evidence (which compares models 
 from __future__ import annotations
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Stage
 from blockforge.search.stages.confirm import Confirm, Front
 from blockforge.spec.search import LR_KEY

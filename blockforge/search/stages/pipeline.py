@@ -25,7 +25,7 @@ from blockforge.search.stages.stability import Stability
 from blockforge.search.stages.transfer import Transfer
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import SearchContext
+    from blockforge.search.stages.cell import SearchContext
 
 When = Callable[[SearchPlan, str], bool]
 

@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from blockforge.search.cell import SearchContext
+    from blockforge.search.stages.cell import SearchContext
 
 
 class Predictions:
@@ -38,7 +38,7 @@ class Predictions:
         return self.results is not None
 
     def _predict(self, records: list) -> None:
-        from blockforge.search.transfer import predictions
+        from blockforge.search.checks.transfer import predictions
 
         try:
             plan = self.context.plan

@@ -9,7 +9,7 @@ of its records (`promoted`), so a search rebuilt from its ledger keeps the decis
 from __future__ import annotations
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Finalist, Stage, promoted_before
 
 PROMOTION_RULE = """Confirmation trains several models of each cell to the full budget with the same seeds; their curves
@@ -33,7 +33,7 @@ class Promote(Stage):
                 queued |= self.queue(cell, f.searched, [cell.base_seed], note=f.note, promoted=f.promoted)
             if queued:
                 return True
-        from blockforge.search.rungs import pruned_checks
+        from blockforge.search.evidence.rungs import pruned_checks
 
         records = cell.records()
         checks = [c for c in pruned_checks(records, cell.name, self.plan.metric, self.plan.mode) if c.inside]

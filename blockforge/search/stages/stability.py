@@ -1,6 +1,6 @@
 """The stability check (`confirm: {stability: {lr_max: ..., resolution, steps, warmup}}`): once a cell has its answer, each
 of its finalists, baselines and the Pre-LN reference gets its largest stable learning rate by bisection, per seed of the
-confirmation and per warm-up fraction (search/stability_check.py says how). Every time the cell is idle, each chain's
+confirmation and per warm-up fraction (search/checks/stability_check.py says how). Every time the cell is idle, each chain's
 next probe is queued: a round per bisection step, all chains at once. Its trials are recorded with stage `stability` and
 stay out of the cell's main evidence; what a chain has found is read back from its probes' identities, so a resumed
 driver goes on where the chains were.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from blockforge.search.config import SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Stage
 from blockforge.search.stages.confirm import Confirm, Front
 
@@ -28,8 +28,8 @@ class Stability(Stage):
         return {**self.__dict__, "probes": None}
 
     def open(self, cell: CellLike) -> bool:
-        from blockforge.search.evidence import min_seeds
-        from blockforge.search.stability_check import Probes, probed, warmups
+        from blockforge.search.evidence.evidence import min_seeds
+        from blockforge.search.checks.stability_check import Probes, probed, warmups
 
         if self.probes is None:
             self.probes = Probes(self.plan, cell.name, lambda identity: getattr(cell.done.get(identity), "record", None))
@@ -48,7 +48,7 @@ class Stability(Stage):
     def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
         """In trials of the cell's own length: every chain's probes (2 + the grid's levels), for every finalist, baseline and the
         Pre-LN reference, seed of the confirmation and warm-up."""
-        from blockforge.search.stability_check import grid, probe_steps, warmups
+        from blockforge.search.checks.stability_check import grid, probe_steps, warmups
 
         top = (Front if plan.costs else Confirm).top(plan)
         candidates = min(top + len(plan.baselines) + 1, explored + len(plan.baselines))
@@ -57,6 +57,6 @@ class Stability(Stage):
 
     @classmethod
     def rounds(cls, plan: SearchPlan) -> int:
-        from blockforge.search.stability_check import grid
+        from blockforge.search.checks.stability_check import grid
 
         return 1 + max(grid(plan, name).levels for name in plan.cell_names())

@@ -1,6 +1,6 @@
 """Transfer: a target cell waits for every proxy cell, then trains the predicted k, its neighbours and Pre-LN.
 
-The prediction (search/transfer.py: the decided law, else the nearest proxy's winner) is made once for every target,
+The prediction (search/checks/transfer.py: the decided law, else the nearest proxy's winner) is made once for every target,
 in the background, when the last proxy cell is done (stages/predictions.py); each candidate k is then trained with
 the transfer's paired seeds at the full budget.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from blockforge.search.config import MIX_LN_ALPHA, SearchPlan
-from blockforge.search.ledger import StageName
+from blockforge.search.records.ledger import StageName
 from blockforge.search.stages.base import CellLike, Stage
 
 if TYPE_CHECKING:
