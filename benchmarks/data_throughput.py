@@ -187,9 +187,9 @@ def prepare_one_worker(cfg, folder: Path, tokens: int) -> tuple[dict, object, ob
 
 def prepare_two_workers(out: dict, request, tokenizer, folder: Path) -> dict:
     """The same preparation as two Ray tasks at once on a local Ray (last: Ray's threads stay in this process after)."""
+    from blockforge.cluster import ensure_ray, stop_ray
     from blockforge.data.prepare import RayWorkers, prepare
     from blockforge.data.prepared import PreparedSet
-    from blockforge.cluster import ensure_ray, stop_ray
 
     ensure_ray(None)
     try:

@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
+from hf_designs import SOURCES, VOCAB, describe, make_source  # noqa: E402
 
 import blockforge  # noqa: E402
 from blockforge.export import export_run  # noqa: E402
 from blockforge.tables import markdown_table  # noqa: E402
-from hf_designs import SOURCES, VOCAB, describe, make_source  # noqa: E402
 
 
 def main() -> None:

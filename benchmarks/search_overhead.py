@@ -29,11 +29,11 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.search.config import load_search
 from blockforge.cluster import ensure_ray
-from blockforge.search.run.driver import run_search
+from blockforge.search.config import load_search
 from blockforge.search.records.ledger import Ledger
 from blockforge.search.reports.report import write_reports
+from blockforge.search.run.driver import run_search
 from blockforge.train.loop import Trainer
 
 RECIPE = str(Path(__file__).resolve().parent.parent / "recipes" / "llama-tiny-mix.yaml")

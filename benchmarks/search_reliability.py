@@ -43,10 +43,9 @@ from pathlib import Path
 
 import yaml
 
-from blockforge.search.run.driver import run_search
-from blockforge.search.evidence.evidence import paired_difference, verdict
-from blockforge.search.evidence.evidence import evidence_by_cell
+from blockforge.search.evidence.evidence import evidence_by_cell, paired_difference, verdict
 from blockforge.search.evidence.rungs import curve_of, kendall_tau
+from blockforge.search.run.driver import run_search
 from blockforge.spec.resolve import mix_ln_count
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -93,7 +93,7 @@ def run(cells: int, trials: int, sampler: str) -> dict:
     from ray.tune.search import Searcher
 
     from blockforge.search.config import OBJECTIVE, load_search, trial_dir
-    from blockforge.search.run.driver import ProgressView
+    from blockforge.search.reports.live import ProgressView
     from blockforge.search.reports.report import write_reports
     from blockforge.search.run.scheduler import CellScheduler
     from blockforge.search.run.searcher import CellSearcher

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
-import math
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

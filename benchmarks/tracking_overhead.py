@@ -71,9 +71,9 @@ def search_driver(folder: Path) -> dict:
     from search.test_api import quickstart
 
     from blockforge.search.config import load_search
-    from blockforge.search.reports.findings import Findings
     from blockforge.search.records.ledger import Ledger
     from blockforge.search.records.store import SearchStore
+    from blockforge.search.reports.findings import Findings
     from blockforge.search.reports.tracked import SearchTracking
     from blockforge.storage import Storage
 

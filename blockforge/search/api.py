@@ -35,19 +35,18 @@ from typing import TYPE_CHECKING, Any
 
 from blockforge.errors import BlockforgeError, SearchInterrupted, unknown_choice_message, unknown_key_message, warn
 from blockforge.search.config import MARKER, SearchPlan
-from blockforge.search.reports.findings import CellAnswer
 from blockforge.search.records.ledger import COLUMNS, Ledger, TrialRecord, read_lines, segment_files
+from blockforge.search.reports.findings import CellAnswer
 from blockforge.train.events import Status
 
 if TYPE_CHECKING:
     import pandas
 
-    from blockforge.search.display import Cells
-
-    from blockforge.search.reports.findings import Findings
-    from blockforge.search.evidence.law import BootstrapReport, LawFit, LawReport
     from blockforge.search.checks.stability_law import StabilityLaw
+    from blockforge.search.display import Cells
+    from blockforge.search.evidence.law import BootstrapReport, LawFit, LawReport
     from blockforge.search.records.store import SearchStore
+    from blockforge.search.reports.findings import Findings
     from blockforge.spec.model import ResolvedSpec
 
 
@@ -365,7 +364,8 @@ def run_search(file: str | os.PathLike, *, out: str | os.PathLike | None = None,
     ({"trials_per_cell": 4, "train.lr": 3e-3}). Returns the finished search's view. A problem raises BlockforgeError with
     the command line's sentence; a SIGTERM or Ctrl-C stops the trials cleanly and raises SearchInterrupted, whose `.search` is
     the view so far and whose sentence gives the resume line (`resume=True` here does the same)."""
-    from blockforge.search.run.driver import nothing_finished, run_search as drive
+    from blockforge.search.run.driver import nothing_finished
+    from blockforge.search.run.driver import run_search as drive
 
     _given("run_search", "file", file, (str, os.PathLike), "the search file's path, e.g. 'searches/quickstart.yaml'")
     _given("run_search", "out", out, (str, os.PathLike, type(None)), "the search's folder or URI, or None (runs/search-NAME)")

@@ -14,14 +14,24 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from blockforge.errors import BlockforgeError, CorruptFolderError, SpecError
 from blockforge.io import read_json
 from blockforge.spec.family import get_family
 from blockforge.spec.recipe import Recipe, apply_overrides, check_dotted_key, read_composed, read_yaml, recipe_from_data
-from blockforge.spec.search import (SEED_KEY, Asha, Confirm, Guide, Resources, Sampler, SearchFile, Transfer, apply_search_sets,
-                                    is_search_key)
+from blockforge.spec.search import (
+    SEED_KEY,
+    Asha,
+    Confirm,
+    Guide,
+    Resources,
+    Sampler,
+    SearchFile,
+    Transfer,
+    apply_search_sets,
+    is_search_key,
+)
 from blockforge.spec.strict import canonical, parse, stable_hash
 from blockforge.spec.tracking import Tracking
 
@@ -346,6 +356,17 @@ class SearchPlan:
         """The points cell `name` is probed at before the search starts (compute and memory plans): its base point, each
         baseline, and each searched value alone (Dimension.probes). Loading checks the same values (_check_values)."""
         return [{}] + [dict(b) for b in self.baselines] + [{d.key: v} for d in self.dimensions_in(name) for v in d.probes()]
+
+    def trainable_recipes(self) -> Iterator[tuple[str, dict[str, Any], Recipe]]:
+        """Every recipe the plan's trials can train, as (cell, probe point, recipe): each cell's probe points (`probes`),
+        transfer targets included. A point no model is built at is left out: its trials fail, and read or hold nothing."""
+        for name in self.all_names():
+            for probe in self.probes(name):
+                try:
+                    recipe = self.recipe(self.trial_overrides(self.cell(name), probe))
+                except SpecError:
+                    continue
+                yield name, probe, recipe
 
     def recipe(self, overrides: list[tuple[str, Any]], prepared: bool = False) -> Recipe:
         """The recipe of a trial with `overrides` as the search file gives it; with `prepared` (what a trial trains), reading

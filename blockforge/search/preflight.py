@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from blockforge.errors import BlockforgeError, SpecError
-from blockforge.search.config import SearchPlan, cell_name
+from blockforge.search.config import SearchPlan
 
 GiB = 2**30
 
@@ -32,23 +32,16 @@ def memory_needs(plan: SearchPlan) -> dict[str, int]:
 
     needs: dict[str, int] = {}
     planned: dict[str, int] = {}
-    for cell in plan.cells + plan.targets:
-        name = cell_name(cell)
-        gpus = plan.resources_of(name).data_parallel
-        for probe in plan.probes(name):
+    for name, probe, recipe in plan.trainable_recipes():
+        train = recipe.train
+        key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel])
+        if key not in planned:
             try:
-                recipe = plan.recipe(plan.trial_overrides(cell, probe))
-            except SpecError:
-                continue  # a value that is invalid on its own here becomes a failed trial, not a plan
-            train = recipe.train
-            key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel])
-            if key not in planned:
-                try:
-                    planned[key] = int(memory_plan(recipe, gpus=gpus, sharded=train.parallel == "fsdp").total_per_gpu)
-                except SpecError as err:
-                    what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
-                    raise SpecError(f"{what}: {err.message}", file=plan.file) from None
-            needs[name] = max(needs.get(name, 0), planned[key])
+                planned[key] = int(memory_plan(recipe, gpus=plan.resources_of(name).data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)
+            except SpecError as err:
+                what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
+                raise SpecError(f"{what}: {err.message}", file=plan.file) from None
+        needs[name] = max(needs.get(name, 0), planned[key])
     return needs
 
 

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 import pytest
-import yaml
-
 import s3_server  # noqa: F401  (before any Ray starts: its endpoint and dummy credentials reach every Ray worker)
+import yaml
 from tiny_data import tiny_recipe
+
 
 def write_search(folder: Path, **changes) -> Path:
     """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus; `changes` replace top-level keys."""
@@ -56,11 +56,11 @@ def drive(searcher, value_of=lambda config: 5.0, *, limit: int = 200, trial_pref
     """Run a CellSearcher the way Tune does, without Ray or training: every trial it hands out finishes at once
     at its cell's full budget with `value_of(config)` (and what `extra(config)` adds to its result, e.g. how stable it
     was). Returns the configs of the trials it handed out."""
+    import time
+
     from ray.tune.search import Searcher
 
     from blockforge.search.config import OBJECTIVE
-
-    import time
 
     handed, idle, i = [], 0, 0
     while i < limit:

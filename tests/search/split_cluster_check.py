@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from split_cluster import SplitCluster, _mnt_ns, _pids  # noqa: E402
-
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+from split_cluster import SplitCluster, _mnt_ns, _pids  # noqa: E402
 
 
 @ray.remote(num_cpus=1)

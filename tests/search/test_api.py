@@ -13,11 +13,11 @@ from blockforge.errors import BlockforgeError
 from blockforge.io import atomic_write_json
 from blockforge.search.config import MARKER, cell_slug, folder_marker, load_search
 from blockforge.search.records.ledger import Ledger
-from blockforge.search.reports.report import write_reports
 from blockforge.search.records.runs import evaluations
+from blockforge.search.records.store import SearchStore
+from blockforge.search.reports.report import write_reports
 from blockforge.search.run.scheduler import CellScheduler
 from blockforge.search.run.searcher import CellSearcher
-from blockforge.search.records.store import SearchStore
 from blockforge.spec.serialize import load_spec
 from blockforge.storage import Storage
 

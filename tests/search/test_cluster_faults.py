@@ -49,9 +49,8 @@ def test_a_failure_outside_the_trial_is_trained_again_on_resume_and_one_of_its_o
 
 
 def test_a_search_that_finished_nothing_says_so_and_how_to_go_on():
-    from blockforge.search.run.driver import nothing_finished
-    from blockforge.search.run.driver import SearchOutcome
     from blockforge.search.records.ledger import TrialRecord
+    from blockforge.search.run.driver import SearchOutcome, nothing_finished
 
     def outcome(*records):
         return SearchOutcome(None, list(records), "", resume_command="blockforge search s.yaml --out s3://b/x --address auto --resume")

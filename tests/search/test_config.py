@@ -34,8 +34,8 @@ def test_explicit_objective_mode_is_kept(tmp_path):
 def test_progress_view_counts_queued_apart_from_running_and_lists_cells_in_plan_order(tmp_path):
     from types import SimpleNamespace
 
-    from blockforge.search.run.driver import ProgressView
     from blockforge.search.records.ledger import Ledger, TrialRecord
+    from blockforge.search.reports.live import ProgressView
 
     plan = load_search(write_search(tmp_path, cells={"model.depth": [4, 12]}))
     ledger = Ledger(tmp_path / "trials.jsonl")
@@ -166,8 +166,8 @@ def test_a_vit_search_on_tokens_per_second_is_refused_before_it_starts(tmp_path)
 
 def test_set_reaches_the_search_files_own_keys_as_strictly_as_recipe_keys(tmp_path, capsys):
     from blockforge.cli import main
-    from blockforge.search.config import folder_marker, stored_plan
     from blockforge.io import atomic_write_json
+    from blockforge.search.config import folder_marker, stored_plan
 
     path = write_search(tmp_path, confirm={"top": 2, "seeds": 2})
     sets = [("trials_per_cell", 3), ("steps", 20), ("confirm.seeds", 3), ("cells.model.depth", [4]),

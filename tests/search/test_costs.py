@@ -9,8 +9,8 @@ import blockforge
 from blockforge.search.config import load_search
 from blockforge.search.costs import computed_costs, measured_costs
 from blockforge.search.evidence.evidence import Candidate
-from blockforge.search.records.ledger import Ledger
 from blockforge.search.evidence.pareto import front_evidence, hypervolume
+from blockforge.search.records.ledger import Ledger
 from blockforge.search.run.searcher import CellSearcher
 from blockforge.spec.recipe import recipe_from_data
 

@@ -103,7 +103,7 @@ def interval(diff) -> list | None:
 def decisions(plan, search_dir: Path, handed: list[dict]) -> dict:
     """Everything the search decided, as plain data."""
     from blockforge.search.reports.findings import Findings
-    from blockforge.search.reports.report import transfer_section
+    from blockforge.search.reports.transfer_report import transfer_section
 
     records = Ledger(search_dir / "trials.jsonl").records()
     found = Findings.of(plan, records)

@@ -149,8 +149,8 @@ def test_a_search_folder_has_one_driver(tmp_path, capsys, resume):
     out.mkdir()
     search = write_search(tmp_path)
     if resume:
-        from blockforge.search.config import folder_marker
         from blockforge.io import atomic_write_json
+        from blockforge.search.config import folder_marker
 
         atomic_write_json(out / "search.json", folder_marker(load_search(search), []))
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from blockforge.search.config import load_search
 from blockforge.search.checks.length_check import continuation
+from blockforge.search.config import load_search
 from blockforge.search.run.trials import start_from
 from blockforge.storage import Storage
 from blockforge.train.loop import train

@@ -5,11 +5,11 @@ import json
 import math
 from pathlib import Path
 
+from blockforge.search.checks.lr_check import lr_check
 from blockforge.search.config import load_search
 from blockforge.search.evidence.evidence import cell_evidence
-from blockforge.search.reports.findings import Findings
 from blockforge.search.records.ledger import Ledger, TrialRecord
-from blockforge.search.checks.lr_check import lr_check
+from blockforge.search.reports.findings import Findings
 from blockforge.search.reports.plan import search_plan
 from blockforge.search.reports.report import write_reports
 from blockforge.search.run.searcher import CellSearcher

@@ -11,8 +11,8 @@ import pytest
 from ray.tune.search import Searcher
 
 from blockforge.search.config import load_search
-from blockforge.search.reports.findings import Findings
 from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.findings import Findings
 from blockforge.search.run.scheduler import CellScheduler
 from blockforge.search.run.searcher import CellSearcher
 from blockforge.train.events import Status

@@ -4,8 +4,8 @@ enumerated cells, and resume (no Ray, no training: curves are written as a trial
 import pytest
 
 from blockforge.search.config import load_search
-from blockforge.search.records.ledger import Ledger
 from blockforge.search.evidence.rungs import Curve, PrunedCheck, asha_rungs, kendall_tau, margin_behind, rung_checks
+from blockforge.search.records.ledger import Ledger
 from blockforge.search.run.scheduler import CellScheduler
 from blockforge.search.run.searcher import CellSearcher
 
@@ -41,8 +41,7 @@ def test_the_schedulers_running_order_counts_pairs_as_the_final_analysis_does():
     # curves arrive one by one (ties in both rankings included); the running counts equal a count of all at once
     import random
 
-    from blockforge.search.evidence.rungs import order_agreement
-    from blockforge.search.evidence.rungs import SeedOrder
+    from blockforge.search.evidence.rungs import SeedOrder, order_agreement
 
     rng = random.Random(3)
     for _ in range(20):

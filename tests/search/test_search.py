@@ -1,22 +1,22 @@
 """Searches on a local Ray: statuses, divergence, duplicates, resume after SIGKILL, reports and export."""
 
-import dataclasses
 import csv
-from pathlib import Path
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from blockforge.cli import main
-from blockforge.search.run.driver import run_search
 from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.driver import run_search
 
 from .conftest import write_search  # noqa: E402
 
@@ -295,8 +295,9 @@ def test_confirmation_records_seeds_and_verdicts_and_export_takes_the_confirmed_
     assert main(["export", str(outcome.search_dir), "--out", str(tmp_path / "model"), "--no-progress"]) == 0
     card = (tmp_path / "model" / "README.md").read_text()
     assert "### Replicates" in card and evidence.verdict in card and "seed-0 run" in card
-    import blockforge.export
     from safetensors.torch import load_file
+
+    import blockforge.export
 
     exported = load_file(tmp_path / "model" / "model.safetensors")
     run = Path(evidence.winner.run_dirs[0])

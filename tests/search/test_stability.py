@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from blockforge.errors import SpecError
+from blockforge.search.checks.stability_check import FAILED, STABLE, UNSTABLE, Grid, replay
 from blockforge.search.config import load_search
-from blockforge.search.reports.findings import CellAnswer, Findings
 from blockforge.search.records.ledger import Ledger
+from blockforge.search.reports.findings import CellAnswer, Findings
 from blockforge.search.reports.plan import search_plan
 from blockforge.search.reports.report import write_reports
 from blockforge.search.run.searcher import CellSearcher
-from blockforge.search.checks.stability_check import FAILED, STABLE, UNSTABLE, Grid, replay
 
 from .conftest import drive, run_search_stopped_by_sigterm, write_search
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from blockforge.search.run.driver import run_search
-from blockforge.search.records.ledger import Ledger
 from blockforge.reaper import MARK, alive
+from blockforge.search.records.ledger import Ledger
+from blockforge.search.run.driver import run_search
 
 from .conftest import write_search
 

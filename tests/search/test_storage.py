@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from report_compare import comparable
 
 from blockforge.cli import main
 from blockforge.errors import BlockforgeError
 from blockforge.search.run.driver import run_search
 from blockforge.storage import Storage, StorageError, fetch_folder
+
 from .conftest import write_search
-from report_compare import comparable
+
 
 def _search(tmp_path: Path, alphas: tuple = (0.0, 0.5)) -> Path:
     return write_search(tmp_path, cells={"model.depth": [3]}, trials_per_cell=len(alphas), scheduler=None, baselines=[], max_concurrent=1,
@@ -63,10 +65,10 @@ def test_decisions_and_reports_of_a_search_in_object_storage_equal_a_local_folde
     folder of their own, and a driver that reads what it decides and reports from the storage, decide and report
     exactly what a search in a local folder does (exploration with ASHA, promotion, confirmation, transfer targets)."""
     from blockforge.search.records.ledger import Ledger
+    from blockforge.search.records.store import SearchStore
     from blockforge.search.reports.report import write_reports
     from blockforge.search.run.scheduler import CellScheduler
     from blockforge.search.run.searcher import CellSearcher
-    from blockforge.search.records.store import SearchStore
 
     from .conftest import drive_curves
     from .test_golden import decisions
@@ -386,11 +388,11 @@ def test_a_preparation_into_a_storage_that_goes_away_publishes_nothing_and_a_rer
     """The storage is cut after two parts: one sentence, no manifest; back again, the same preparation goes on from the
     parts recorded there (its lease, which it could not remove, is taken over: its process is gone from this host)."""
     import yaml
+    from tiny_data import tiny_recipe
 
     from blockforge.data import prepare as prepare_module
     from blockforge.data.prepare import prepare, request_for
     from blockforge.spec import load_recipe
-    from tiny_data import tiny_recipe
 
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
     request = request_for(load_recipe(tmp_path / "r.yaml"))
@@ -422,12 +424,12 @@ def test_a_preparation_into_a_storage_that_goes_away_publishes_nothing_and_a_rer
 
 def test_a_second_preparation_of_a_storage_folder_is_refused_while_the_first_holds_its_lease(tmp_path, s3):
     import yaml
+    from tiny_data import tiny_recipe
 
     from blockforge.data.prepare import LEASE, prepare, request_for
-    from blockforge.storage import Lease
     from blockforge.errors import FolderInUseError
     from blockforge.spec import load_recipe
-    from tiny_data import tiny_recipe
+    from blockforge.storage import Lease
 
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(tmp_path)))
     where = s3.direct(s3.bucket(), "sets/tiny")
@@ -480,10 +482,9 @@ def test_a_failing_endpoint_in_the_uri_is_named_as_the_uris(tmp_path, capsys, s3
 def test_a_run_whose_curve_changed_keeps_one_tensorboard_file_in_the_storage(tmp_path, s3):
     """A trial resumed after a stop rewrites its run's event file whole under a new name: the storage keeps only the new
     one, so TensorBoard shows each step once."""
+    from blockforge.search.config import load_search
     from blockforge.search.records.ledger import Ledger
     from blockforge.search.reports.report import write_reports
-
-    from blockforge.search.config import load_search
 
     from .test_api import quickstart
     from .test_golden import ROOT

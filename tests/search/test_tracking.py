@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import blockforge
-from blockforge.search.reports.findings import Findings
 from blockforge.search.records.ledger import Ledger
 from blockforge.search.records.runs import metric_lines
+from blockforge.search.reports.findings import Findings
 from blockforge.search.reports.tracked import ANSWER_COLUMNS, SearchTracking
 from blockforge.spec.tracking import Tracking
 from blockforge.tracking import STATE_FILE, metric_rows
@@ -88,6 +88,7 @@ def mlflow_curve(client, run) -> list[tuple[int, str, float]]:
 def test_a_search_in_wandb_and_mlflow_equals_its_own_curves_and_answers(trackers, capsys):
     """The quickstart driven along synthetic curves, its trackers updated after every trial as the driver does."""
     from blockforge.search.config import load_search
+
     from .test_golden import ROOT
 
     cells = [("cells.model.depth", [4, 8])]  # two of its cells: every run is read back, one reader call each
@@ -152,6 +153,7 @@ def test_a_tracker_missing_without_credentials_or_failing_is_one_sentence_and_th
     from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
     from blockforge.tracking import _MLflow
+
     from .test_golden import ROOT
 
     # wandb without its package, MLflow raising from its third log on: one line each, then nothing more of either
@@ -192,9 +194,10 @@ def test_a_tracker_missing_without_credentials_or_failing_is_one_sentence_and_th
 
 
 def test_a_run_logs_its_curves_once_across_a_resume(trackers, capsys):
+    from tiny_data import write_recipe
+
     from blockforge.cli import main
     from blockforge.train.loop import Trainer
-    from tiny_data import write_recipe
 
     path = write_recipe(trackers, steps=20, eval_every=5, checkpoint_every=5, grad_norm_every=0, log_every=2)
     recipe = blockforge.load_recipe(path, [("tracking.report_to", ["wandb", "mlflow"]), ("tracking.project", "tiny")])
@@ -319,6 +322,7 @@ def test_two_searches_of_one_file_are_apart_and_the_answers_follow_every_report(
     from blockforge.search.config import load_search
     from blockforge.search.records.store import SearchStore
     from blockforge.storage import Storage
+
     from .test_golden import ROOT
 
     plan = load_search(ROOT / "searches" / "quickstart.yaml", [("cells.model.depth", [4]), ("tracking.report_to", ["wandb", "mlflow"])])
@@ -345,6 +349,7 @@ def test_two_searches_of_one_file_are_apart_and_the_answers_follow_every_report(
     tracking = SearchTracking.open(plan, store)
     from blockforge.search.run.scheduler import CellScheduler
     from blockforge.search.run.searcher import CellSearcher
+
     from .conftest import drive_curves
     from .test_golden import synthetic_curves
 

@@ -3,11 +3,11 @@ the one end-to-end search), held or not, resumable, exportable."""
 
 import json
 
+from blockforge.search.checks.transfer import judge, predict
 from blockforge.search.config import load_search
 from blockforge.search.records.ledger import Ledger
 from blockforge.search.reports.report import write_reports
 from blockforge.search.run.searcher import CellSearcher
-from blockforge.search.checks.transfer import judge, predict
 
 from .conftest import drive, write_search
 

@@ -121,7 +121,7 @@ def test_a_notebook_sees_tables_not_dumps_and_pictures_of_the_curves(tmp_path):
 
 
 def test_the_live_view_in_a_notebook_is_one_bar_of_the_trials_done(tmp_path):
-    from blockforge.search.run.driver import ProgressView
+    from blockforge.search.reports.live import ProgressView
 
     _, store = quickstart(tmp_path / "qs", tmp_path / "node")
     plan = load_search(ROOT / "searches" / "quickstart.yaml")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from blockforge.search.config import SearchPlan
 from blockforge.search.evidence.evidence import CellEvidence, Difference, describe, paired_difference, verdict
 from blockforge.search.records.ledger import StageName, TrialRecord
-from blockforge.train.events import Status
 from blockforge.spec.search import LR_KEY, mode_sign
+from blockforge.train.events import Status
 
 RESAMPLES = 1000
 

@@ -28,10 +28,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from blockforge.search.checks.length_check import STEPS_KEY, WARMUP_KEY
 from blockforge.search.config import SearchPlan, trial_identity
 from blockforge.search.evidence.evidence import Candidate, CellEvidence, describe, paired_difference, t_quantile
 from blockforge.search.records.ledger import TrialRecord
-from blockforge.search.checks.length_check import STEPS_KEY, WARMUP_KEY
 from blockforge.spec.search import LR_KEY
 from blockforge.train.events import Status
 

@@ -23,9 +23,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from blockforge.search.checks.stability_check import CandidateStability, StabilityCheck
 from blockforge.search.config import SearchPlan, cell_name
 from blockforge.search.evidence.evidence import CellEvidence
-from blockforge.search.checks.stability_check import CandidateStability, StabilityCheck
 
 RESAMPLES = 1000
 KINDS = ("Pre-LN", "Post-LN", "Mix-LN alpha 0.25", "winner")

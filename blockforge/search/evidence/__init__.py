@@ -2,8 +2,18 @@
 bootstrap (law), early stopping against full budgets (rungs) and fronts with a cost axis (pareto). Imports records and
 the vocabulary."""
 
-from blockforge.search.evidence.evidence import (METHOD, Candidate, CellEvidence, Difference, cell_evidence, describe,
-                                                 evidence_by_cell, paired_difference, t_quantile, verdict)
+from blockforge.search.evidence.evidence import (
+                                                 METHOD,
+                                                 Candidate,
+                                                 CellEvidence,
+                                                 Difference,
+                                                 cell_evidence,
+                                                 describe,
+                                                 evidence_by_cell,
+                                                 paired_difference,
+                                                 t_quantile,
+                                                 verdict,
+)
 from blockforge.search.evidence.law import LAWS, BootstrapReport, LawFit, LawReport, alpha_range, decided_law, fit_alpha_law
 from blockforge.search.evidence.pareto import Front, front_evidence, hypervolume
 from blockforge.search.evidence.rungs import CellRungs, Curve, cell_rungs, curve_of

@@ -15,8 +15,8 @@ from typing import Any
 
 from blockforge.search.config import SearchPlan
 from blockforge.search.records.ledger import APART
-from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
+from blockforge.train.events import Status
 
 LEVEL = 0.95
 METHOD = "paired t, 95%"

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blockforge.search.records.ledger import APART, StageName, TrialRecord
-from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
+from blockforge.train.events import Status
 
 if TYPE_CHECKING:
     from blockforge.search.config import SearchPlan

@@ -5,8 +5,8 @@ test), and verdicts followed to longer training, with the alpha law fitted per l
 from __future__ import annotations
 
 from blockforge.search.evidence.evidence import describe
-from blockforge.search.reports.findings import Findings
 from blockforge.search.records.ledger import StageName
+from blockforge.search.reports.findings import Findings
 from blockforge.train.events import Status
 
 

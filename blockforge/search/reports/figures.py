@@ -9,12 +9,12 @@ def cell_curves(answer):
     """The objective at every evaluation of each full-budget run of a cell (findings.CellAnswer), one colour per candidate
     and one line per seed; the winner and the Pre-LN reference named as such (a remote search's view took its runs' curves
     down before its answers)."""
-    from blockforge.search.evidence.evidence import describe
-    from blockforge.search.records.runs import evaluations
-
     import itertools
 
     import matplotlib
+
+    from blockforge.search.evidence.evidence import describe
+    from blockforge.search.records.runs import evaluations
 
     fig, ax = figure(figsize=(6.4, 4.2))
     e = answer.evidence

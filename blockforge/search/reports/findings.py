@@ -16,15 +16,15 @@ from blockforge.search.records.ledger import TrialRecord
 from blockforge.search.reports.progress import Progress, progress
 
 if TYPE_CHECKING:
-    from blockforge.search.evidence.law import BootstrapReport, LawReport, LawWindow
     from blockforge.search.checks.length_check import LengthCheck
     from blockforge.search.checks.lr_check import LrCheck
-    from blockforge.search.evidence.pareto import Front
-    from blockforge.search.reports.plan import CellPlan
-    from blockforge.search.evidence.rungs import CellRungs
     from blockforge.search.checks.stability_check import StabilityCheck
     from blockforge.search.checks.stability_law import StabilityLaw
     from blockforge.search.checks.transfer import Prediction, TargetOutcome
+    from blockforge.search.evidence.law import BootstrapReport, LawReport, LawWindow
+    from blockforge.search.evidence.pareto import Front
+    from blockforge.search.evidence.rungs import CellRungs
+    from blockforge.search.reports.plan import CellPlan
 
 Cell = str  # a proxy cell's name, e.g. "depth=8"
 Target = str  # a transfer target's name
@@ -124,8 +124,8 @@ class Findings:
     @classmethod
     def of(cls, plan: SearchPlan, records: list[TrialRecord]) -> "Findings":
         from blockforge.search.evidence.law import bootstrap_cells, bootstrap_laws, fit_alpha_law, law_points
-        from blockforge.search.reports.plan import cell_plan, search_plan
         from blockforge.search.evidence.rungs import cell_rungs
+        from blockforge.search.reports.plan import cell_plan, search_plan
 
         evidence = evidence_by_cell(plan, records)
         by_cell: dict[str, list[TrialRecord]] = {}

@@ -14,25 +14,23 @@ from pathlib import Path
 import yaml
 
 from blockforge.io import atomic_write_json, atomic_write_text, figure, saved
-from blockforge.search.config import MIX_LN_ALPHA, SearchPlan, cell_slug
-from blockforge.search.evidence.evidence import METHOD, Candidate, CellEvidence, describe, verdict
-from blockforge.search.reports.findings import Findings
-from blockforge.search.evidence.law import BootstrapReport, LawReport, alpha_range, decided_law
+from blockforge.search.config import SearchPlan, cell_slug
+from blockforge.search.evidence.evidence import METHOD, CellEvidence
 from blockforge.search.records.ledger import Ledger, StageName, TrialRecord
+from blockforge.search.reports.candidates import alpha_range_text, candidate_table, other_keys
+from blockforge.search.reports.early_stopping_report import early_stopping_section
+from blockforge.search.reports.findings import Findings
+from blockforge.search.reports.law_report import law_section, plot_best_alpha
+from blockforge.search.reports.pareto_report import pareto_summary, plot_fronts
 from blockforge.search.reports.progress import progress
+from blockforge.search.reports.transfer_report import plot_target_curves, transfer_section, transfer_summary
 from blockforge.search.reports.views import write_optuna_storage, write_results_csv, write_tensorboard
 from blockforge.spec.serialize import save_spec
 from blockforge.spec.strict import to_plain
 from blockforge.tables import fmt, markdown_table, text_table
 from blockforge.train.events import Status
 
-
 CONSOLE_LEAVES_OUT = ("completed", "failed", "diverged", "Pre-LN mean ± sd (n)", "runner-up gap [95% CI]")  # summary.md has them
-
-
-def other_keys(plan: SearchPlan) -> list[str]:
-    """Searched keys other than Mix-LN's alpha (which the alpha range column shows)."""
-    return [d.key for d in plan.dimensions if d.key != MIX_LN_ALPHA]
 
 
 def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], found: Findings | None = None) -> tuple[list[str], list[list]]:
@@ -65,34 +63,6 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
             e.vs_runner_up.text() if e.vs_runner_up else "-",
         ])
     return headers, rows
-
-
-def alpha_range_text(candidate: Candidate | TrialRecord, plan: SearchPlan, cell: str) -> str:
-    if candidate.alpha is None:
-        return "-"
-    low, high = alpha_range(candidate.alpha, plan.settings[cell].depth)
-    return f"{low:.4g}" if low == high else f"{low:.4g}-{high:.4g}"
-
-
-def candidate_table(plan: SearchPlan, e: CellEvidence) -> str:
-    """Every candidate of a cell trained to the full budget: replicates, and paired differences with 95% intervals."""
-    extra = other_keys(plan)
-    alpha, pre_ln = plan.varies_alpha, e.against_pre_ln
-    rows = []
-    for c in e.candidates:
-        to_pre, to_winner = e.paired(c)
-        reference = "Pre-LN reference" if pre_ln and c is e.reference else ""
-        role = "winner" if c is e.winner else (reference or ("runner-up" if c is e.runner_up else ""))
-        rows.append([
-            describe(c), *([alpha_range_text(c, plan, e.cell)] if alpha else []), *(fmt(c.overrides.get(k)) for k in extra),
-            ", ".join(str(s) for s in sorted(c.values)), fmt(c.mean), fmt(c.sd) if c.n > 1 else "-", c.n,
-            *([to_pre.text() if to_pre else "-", verdict(to_pre, plan.mode) if to_pre else ("reference" if c is e.reference else "-")]
-              if pre_ln else []),
-            to_winner.text() if to_winner else "-", role,
-        ])
-    headers = ["model", *(["alpha range"] if alpha else []), *(k.rsplit(".", 1)[-1] for k in extra), "seeds", "mean", "sd", "n",
-               *(["minus Pre-LN [95% CI]", "vs Pre-LN"] if pre_ln else []), "minus winner [95% CI]", ""]
-    return markdown_table(headers, rows)
 
 
 def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], path: Path | None = None):
@@ -132,41 +102,6 @@ def plot_metric_vs_alpha(plan: SearchPlan, records: list[TrialRecord], evidence:
     return saved(fig, path)
 
 
-def plot_best_alpha(points: list[dict], law: LawReport, boot: BootstrapReport | None, path: Path | None = None):
-    import numpy as np
-
-    from blockforge.search.evidence.law import LAWS
-
-    fig, ax = figure(figsize=(6, 4))
-    widths = sorted({p["width"] for p in points})
-    depths = np.array(sorted({p["depth"] for p in points}), dtype=float)
-    for width in widths:
-        mine = sorted((p["depth"], p["alpha"], p["alpha_range"][1], p["cell"]) for p in points if p["width"] == width)
-        depth, low, high = (np.array(v, dtype=float) for v in list(zip(*mine))[:3])
-        line = ax.plot(depth, low, "o-", label=f"winner k/L, width {width}")[0]
-        ax.errorbar(depth, low, yerr=[np.zeros_like(low), high - low], fmt="none", ecolor=line.get_color(), alpha=0.4, capsize=2)
-        if boot is not None:
-            spans = [boot.cell_intervals.get(m[3]) for m in mine]
-            lo = np.array([s[0] if s else a for s, a in zip(spans, low)])
-            hi = np.array([s[1] if s else a for s, a in zip(spans, low)])
-            ax.errorbar(depth + 0.15, low, yerr=[low - lo, hi - low], fmt="none", ecolor=line.get_color(), elinewidth=2.5, capsize=4)
-    best = decided_law(law, boot)
-    if best is not None:  # drawn only where the summary names a law
-        grid = np.linspace(depths.min(), depths.max(), 100)
-        for width in widths:
-            ax.plot(grid, LAWS[best.name][2](best.params, grid, np.full_like(grid, width)), "--", alpha=0.7, label=f"law {best.formula} (width {width})")
-    else:
-        ax.text(0.02, 0.98, "no law drawn: the data cannot decide between them (summary.md)", transform=ax.transAxes, fontsize=7,
-                va="top", color="0.35")
-    ax.set_xlabel("depth L")
-    ax.set_ylabel("best alpha")
-    ax.set_title("best Mix-LN alpha per cell\n(thin bars: alphas giving the same model; thick: 95% over seed resamples)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return saved(fig, path)
-
-
 def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for cell, e in evidence.items():
@@ -176,114 +111,6 @@ def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder
         recipe = plan.recipe(plan.trial_overrides(plan.cell(cell), e.winner.overrides))
         save_spec(recipe.spec, folder / f"{slug}.yaml")
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
-
-
-def law_section(points: list[dict], law: LawReport, boot: BootstrapReport | None, cells: list[dict], metric: str) -> str:
-    data = markdown_table(["cell", "depth", "width", "best alpha k/L", "same model up to", "post-LN layers", f"{metric} (mean)", "n", "verdict",
-                           "95% over seed resamples"],
-                          [[p["cell"], p["depth"], p["width"], fmt(p["alpha"]), fmt(p["alpha_range"][1]), p["post_ln_layers"], fmt(p["value"]),
-                            p["n"], p["verdict"], _interval(boot.cell_intervals.get(p["cell"])) if boot else "-"] for p in points])
-    fits = markdown_table(["law", "parameters", "RMSE", "AICc", "leave-one-out RMSE", "cells in range"],
-                          [[f.formula, ", ".join(f"{p:.4g}" for p in f.params), f"{f.rmse:.4g}", f"{f.aicc:.2f}", f"{f.loo_rmse:.4g}",
-                            f"{f.in_range}/{len(points)}"] for f in law.fits])
-    text = f"{data}\n\n{fits if law.fits else '(no law could be fitted)'}\n\n{law.verdict}\n"
-    if boot is None:
-        return text + "\nNo bootstrap over seeds: fewer than two cells have confirmed replicates.\n"
-    uncertain = markdown_table(["law", "fits best by 2 AICc in", "parameters, 95% interval"],
-                               [[u.formula, f"{u.wins:.0%}", "; ".join(f"[{lo:.4g}, {hi:.4g}]" for lo, hi in zip(u.params_low, u.params_high))]
-                                for u in boot.laws])
-    seeds = min(len(c["options"][0]["values"]) for c in cells)
-    caveat = (f"With {seeds} seeds per cell a resample draws from few distinct seed sets, so these intervals understate the "
-              "uncertainty; the paired-t verdicts above are the conservative statement.") if seeds < 6 else ""
-    return text + (f"\nOver {boot.resamples} resamples of each cell's seeds (its best re-chosen, every law refitted):\n\n{uncertain}\n\n"
-                   f"{boot.verdict} {caveat}\n")
-
-
-def _interval(span: tuple[float, float] | None) -> str:
-    return "-" if span is None else (f"{span[0]:.4g}" if span[0] == span[1] else f"{span[0]:.4g}-{span[1]:.4g}")
-
-
-def early_stopping_section(found: Findings) -> str:
-    """Per cell: the ranking at each evaluated step against the final one among full-budget curves (same seed),
-    the pruned trials against those curves where they stopped, and the runs promoted back to the full budget."""
-    plan = found.plan
-    if plan.asha is None:
-        return "No early stopping: every trial ran its full budget.\n"
-    by_trial = {(r.cell, r.trial): r for r in found.records}
-    parts = []
-    for cell in plan.cell_names():
-        rungs = found.rungs[cell]
-        if not rungs.checks:
-            parts.append(f"### {cell}\n\nNo two full-budget curves share a seed yet.\n")
-            continue
-        table = markdown_table(
-            ["step", "ASHA rung", "Kendall tau vs final", "seeds", "pairs", "crossing", "largest crossing margin"],
-            [[c.step, "yes" if c.step in rungs.rungs else "", "-" if c.tau is None else f"{c.tau:+.2f}", c.seeds, c.pairs,
-              c.crossed, fmt(c.largest) if c.crossed else "-"] for c in rungs.checks])
-        pruned = markdown_table(
-            ["trial", "model", "stopped at", "behind the best full curve", "curves overtaken by up to", "could have ended ahead"],
-            [[p.trial, describe(by_trial[(cell, p.trial)]), p.step, "-" if p.margin is None else fmt(p.margin), fmt(p.crossing),
-              "yes" if p.inside else "no"] for p in rungs.pruned]) if rungs.pruned else "No pruned trial is left without a full-budget run."
-        promoted = "".join(f"\n- trial {n} ({describe(by_trial[(cell, n)])}, seed {by_trial[(cell, n)].seed}): {why}"
-                           for n, why in sorted(rungs.promoted.items()))
-        advice = rungs.advice()
-        parts.append(f"### {cell}\n\n{table}\n\n{pruned}\n" + (f"\nPromoted to the full budget:{promoted}\n" if promoted else "")
-                     + (f"\n{advice}\n" if advice else ""))
-    return "\n".join(parts)
-
-
-def pareto_section(plan: SearchPlan, fronts: dict) -> tuple[str, list[str]]:
-    """The fronts as markdown tables (point numbers are what `export --pick` takes), and one console line per cell."""
-    parts, lines = [], []
-    names = [c for c, _ in plan.costs]
-    for cell, front in fronts.items():
-        rows = []
-        for i, p in enumerate(front.points):
-            rows.append([i if p.on_front else "-", describe(p.candidate), *(fmt(p.costs[c]) for c in names), p.candidate.spread(),
-                         "yes" if p.on_front else "no",
-                         "; ".join(f"{describe(q)} ({d.text()})" for q, d in p.dominated_by) or "-",
-                         "; ".join(f"{describe(q)} ({d.text()})" for q, d in p.tied_with) or "-"])
-        hv = "-" if front.hypervolume is None else (f"{front.hypervolume:.3g}" + (
-            f" [{front.low:.3g}, {front.high:.3g}] over {front.seeds} seeds" if front.low is not None else " (one seed: no interval)"))
-        table = markdown_table(["point", "model", *names, f"{plan.metric} mean ± sd (n)", "on front", "dominated by (quality difference)",
-                                "tied with"], rows) if rows else "(no candidate has the confirmation's seeds yet)"
-        parts.append(f"### {cell}\n\n{table}\n\nHypervolume: {hv}.\n")
-        on = front.front()
-        lines.append(f"{cell}: front of {len(on)} point(s), hypervolume {hv}" + (":" if on else ""))
-        lines += [f"  {i}: {describe(p.candidate)}: {plan.metric} {p.candidate.spread()}; " + ", ".join(f"{c} {fmt(p.costs[c])}" for c in names)
-                  for i, p in enumerate(on)]
-    return "\n".join(parts), lines
-
-
-def plot_fronts(plan: SearchPlan, fronts: dict, path: Path | None = None):
-    """Per cell and cost: quality (mean with its 95% t interval over seeds) against the cost; front points filled."""
-
-    from blockforge.search.evidence.evidence import t_quantile
-
-    cells, names = list(fronts), [c for c, _ in plan.costs]
-    # front points are labelled with their number (the table's, and what `export --pick` takes), listed under the plots
-    key = [f"{cell}: " + "; ".join(f"{i} = {describe(p.candidate)}" for i, p in enumerate(fronts[cell].front())) for cell in cells]
-    fig, axes = figure(len(cells), len(names), figsize=(4.4 * len(names), 3.4 * len(cells) + 0.3 * len(key)), squeeze=False)
-    for r, cell in enumerate(cells):
-        numbers = {id(p): i for i, p in enumerate(fronts[cell].front())}
-        for c, cost in enumerate(names):
-            ax = axes[r][c]
-            for p in fronts[cell].points:
-                n = p.candidate.n
-                half = t_quantile(n - 1) * p.candidate.sd / n ** 0.5 if n > 1 else 0.0
-                ax.errorbar([p.costs[cost]], [p.candidate.mean], yerr=[[half], [half]], fmt="o" if p.on_front else "x",
-                            color="tab:blue" if p.on_front else "tab:gray", capsize=3, markersize=5)
-                if id(p) in numbers:
-                    ax.annotate(str(numbers[id(p)]), (p.costs[cost], p.candidate.mean), xytext=(4, 3), textcoords="offset points",
-                                fontsize=8, fontweight="bold")
-            ax.set_xlabel(cost)
-            ax.set_ylabel(plan.metric)
-            ax.set_title(cell, fontsize=9)
-            ax.grid(alpha=0.3)
-    fig.suptitle(f"{plan.name}: {plan.metric} against each cost (filled: on the front; bars: 95% over seeds)", fontsize=10)
-    fig.text(0.01, 0.01, "\n".join(key), fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.3 * len(key) / fig.get_figheight() + 0.02, 1, 1))
-    return saved(fig, path)
 
 
 def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path | None = None):
@@ -317,49 +144,6 @@ def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path | None = None):
     return saved(fig, path)
 
 
-def gap_text(gaps: list[tuple[int, float, float, float]]) -> str:
-    """'-0.05 at step 150, -0.1 at 750, -0.12 at 1500': the gap at the first, middle and last evaluation."""
-    picks = sorted({0, len(gaps) // 2, len(gaps) - 1})
-    return ", ".join(f"{gaps[i][1]:+.3g} at step {gaps[i][0]}" for i in picks)
-
-
-def plot_target_curves(plan: SearchPlan, evidence: dict[str, CellEvidence], gaps: dict, path: Path | None = None):
-    """Per transfer target: each candidate's evaluation curve (mean over its seeds) and, below, its difference to
-    Pre-LN step by step, paired by seed (the band: the seeds' range). Whether a gain grows or shrinks with training
-    is read off the lower row."""
-    from blockforge.search.checks.transfer import seed_curves
-
-    targets = [t for t in plan.target_names() if evidence[t].candidates]
-    fig, axes = figure(2, len(targets), figsize=(max(6.4, 5.2 * len(targets)), 6.4), squeeze=False, sharex="col")
-    for col, target in enumerate(targets):
-        top, bottom = axes[0][col], axes[1][col]
-        e, colors = evidence[target], {}
-        for c in sorted(e.candidates, key=lambda c: c.post_ln_layers or 0):
-            by_seed = seed_curves(c, plan.metric)
-            if not by_seed:
-                continue
-            steps = sorted(set.intersection(*(set(v) for v in by_seed.values())))
-            style = {"color": "black", "linestyle": "--"} if c is e.reference else {}
-            line, = top.plot(steps, [sum(v[t] for v in by_seed.values()) / len(by_seed) for t in steps], label=f"{describe(c)} (n={len(by_seed)})", **style)
-            colors[describe(c)] = line.get_color()
-        for name, gap in gaps.get(target, {}).items():
-            steps = [g[0] for g in gap]
-            bottom.plot(steps, [g[1] for g in gap], color=colors.get(name))
-            bottom.fill_between(steps, [g[2] for g in gap], [g[3] for g in gap], color=colors.get(name), alpha=0.15)
-        bottom.axhline(0.0, color="black", linestyle="--", linewidth=0.8)
-        top.set_title(target, fontsize=9)
-        top.set_ylabel(plan.metric)
-        top.grid(alpha=0.3)
-        if colors:
-            top.legend(fontsize=7)
-        bottom.set_xlabel("step")
-        bottom.set_ylabel("minus Pre-LN (paired by seed)")
-        bottom.grid(alpha=0.3)
-    fig.suptitle(f"{plan.name}: the transfer targets' curves (band: the seeds' range)", fontsize=10)
-    fig.tight_layout()
-    return saved(fig, path)
-
-
 def compute_section(found: Findings) -> str:
     """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
     plan = found.plan
@@ -388,38 +172,6 @@ def compute_section(found: Findings) -> str:
                      f"{sum(r.wall_s for r in trained):,.0f}"])
     return markdown_table(["cell", "trials planned (at most)", "FLOPs planned (at most)", "trials trained", "steps trained", "FLOPs trained",
                            "trial-seconds"], rows)
-
-
-def transfer_section(found: Findings) -> tuple[str, list[str], list[dict]]:
-    """The transfer stage per target: prediction, candidates, held or not, verdict, and compute against a full search
-    of the target. Returns the markdown, one console line per target and the records for transfer.json."""
-    plan, records, evidence = found.plan, found.records, found.evidence
-    parts, lines, data = [], [], []
-    for target in plan.target_names():
-        prediction = found.predictions.get(target)
-        if prediction is None:
-            parts.append(f"### {target}\n\nNo proxy cell has a winner yet: nothing to predict.\n")
-            continue
-        outcome = found.outcomes[target]
-        full = found.full_plans[target]
-        mine = [r for r in records if r.cell == target and r.status in (Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED, Status.PRUNED)]
-        spent = sum(r.steps for r in mine) * full.trial_flops / plan.settings[target].steps
-        compute = (f"{len(mine)} runs, {spent:.3g} FLOPs: {spent / full.total_flops:.0%} of a full search of this cell by its plan "
-                   f"({full.total_trials} trials at most, {full.total_flops:.3g} FLOPs)")
-        table = candidate_table(plan, evidence[target]) if evidence[target].candidates else "(no candidate has finished)"
-        gaps = found.gaps.get(target, {})
-        along = ("\n\nAgainst Pre-LN along training (mean difference over the paired seeds, from the run folders; plot: "
-                 "transfer_curves.png): " + "; ".join(f"{name}: {gap_text(g)}" for name, g in gaps.items() if g) + ".") if any(gaps.values()) else ""
-        parts.append(f"### {target}\n\nPredicted: {prediction.text()}; other searched values from {prediction.nearest}: "
-                     f"{prediction.searched or 'none'}.\n\n{table}\n\n**{outcome.outcome}**: {outcome.detail}. The predicted k against "
-                     f"Pre-LN here: {outcome.versus_pre}. Compute: {compute}.{along}\n")
-        lines.append(f"{target}: predicted k={prediction.k} ({prediction.source.split(' (')[0]}), best k={outcome.observed}: {outcome.outcome}; "
-                     f"against Pre-LN: {outcome.versus_pre}; compute {spent / full.total_flops:.0%} of a full search")
-        data.append({"target": target, "depth": prediction.depth, "width": prediction.width, "predicted_alpha": prediction.alpha,
-                     "predicted_k": prediction.k, "interval": [prediction.low, prediction.high], "source": prediction.source,
-                     "nearest": prediction.nearest, "searched": prediction.searched, "observed_k": outcome.observed, "outcome": outcome.outcome,
-                     "versus_pre_ln": outcome.versus_pre, "detail": outcome.detail, "flops_spent": spent, "flops_full_search": full.total_flops})
-    return "\n".join(parts), lines, data
 
 
 def basis_section(found: Findings) -> list[str]:
@@ -478,10 +230,10 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     provisional = [f"{cell}: {said.text()}" for cell in plan.all_names() if not (said := progress(found, cell)).final]
     lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
-    pareto_markdown, pareto_lines = _pareto_markdown(plan, found)
+    pareto_markdown, pareto_lines = pareto_summary(plan, found)
     sections = {"table": markdown_table(headers, rows), "claims": claims, "provisional": provisional, "lr": lr_lines,
                 "views": _views_text(plan, plots, search_dir, location, tensorboard),
-                "pareto": pareto_markdown, "transfer": _transfer_markdown(plan, transfer_markdown)}
+                "pareto": pareto_markdown, "transfer": transfer_summary(plan, transfer_markdown)}
     atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
     verdict_line = found.law_verdict
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
@@ -557,23 +309,6 @@ def _plot_stability(found: Findings, path: Path | None):
     from blockforge.search.reports.stability_report import plot_stability
 
     return plot_stability(found, path)
-
-
-def _pareto_markdown(plan: SearchPlan, found: Findings) -> tuple[str, list[str]]:
-    if not plan.costs:
-        return "", []
-    markdown, lines = pareto_section(plan, found.fronts)
-    return ("## Pareto fronts: quality against cost\n\nA point is on the front unless another is no more costly on "
-            "every cost and better in quality by a paired 95% interval excluding zero; `blockforge export SEARCH --cell "
-            "CELL --pick N` exports point N, `--under COST=X` the best quality within that budget. Plot: pareto.png.\n\n"
-            + markdown + "\n"), lines
-
-
-def _transfer_markdown(plan: SearchPlan, markdown: str) -> str:
-    if not plan.targets:
-        return ""
-    return ("## Transfer: the answers tested at larger sizes\n\nEach target trains the predicted k, its neighbours and "
-            f"Pre-LN with {plan.transfer.seeds} paired seeds (see blockforge/search/checks/transfer.py).\n\n{markdown}\n")
 
 
 def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: str | None, tensorboard: bool) -> str:

@@ -84,8 +84,8 @@ class SearchTracking:
 
     def finish(self, records: list[TrialRecord], found, stopped: bool = False) -> None:
         """The last update, the answers per cell as a table, then every tracker run closed."""
-        from blockforge.search.reports.findings import CellAnswer
         from blockforge.search.evidence.evidence import describe
+        from blockforge.search.reports.findings import CellAnswer
 
         self.update(records)
         if not self.trackers:

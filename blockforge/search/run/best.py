@@ -8,9 +8,9 @@ from pathlib import Path
 from blockforge.errors import BlockforgeError
 from blockforge.search.config import stored_plan
 from blockforge.search.records.ledger import Ledger
+from blockforge.spec.search import mode_sign
 from blockforge.tables import fmt, markdown_table
 from blockforge.train.events import Status
-from blockforge.spec.search import mode_sign
 
 
 def pick_cell(cells: list[str], wanted: str | Mapping | None, search_dir, flag: str = "--cell") -> str:
@@ -109,9 +109,9 @@ def export_best(
     store.pull_records()
     search_dir = store.local
     from blockforge.export import check_export_format, export_run
-    from blockforge.spec.serialize import load_spec
     from blockforge.search.evidence.evidence import describe, evidence_by_cell
-    from blockforge.search.reports.report import candidate_table
+    from blockforge.search.reports.candidates import candidate_table
+    from blockforge.spec.serialize import load_spec
     from blockforge.train.loop import Trainer
 
     plan = stored_plan(search_dir)

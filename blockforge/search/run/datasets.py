@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 
 from blockforge.data.prepare import Request
 from blockforge.data.prepared import recipe_layout, set_key
-from blockforge.errors import SpecError
 
 DATA = "data"  # the search folder's prepared sets
 
@@ -45,24 +44,19 @@ def search_sets(plan, tokens: int | None = None) -> list[SearchSet]:
     """Every set the plan's trials read and that they do not name themselves (`data.prepared`), in the plan's order;
     `tokens` replaces the plan's budget of a stream."""
     found: dict[str, dict] = {}
-    for name in plan.all_names():
-        for probe in plan.probes(name):
-            try:
-                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe))
-            except SpecError:
-                continue  # a point no model is built at: its trials fail, and read nothing
-            if recipe.data.kind != "text" or recipe.data.prepared is not None:
-                continue
-            key = set_key(recipe.data, recipe_layout(recipe))
-            entry = found.setdefault(key, {"recipe": recipe, "tokens": 0, "vocab": recipe.spec.vocab, "cells": [], "largest": name})
-            tokens = trial_tokens(plan, name, recipe)
-            if tokens > entry["tokens"]:
-                steps = tokens // (recipe.train.batch_size * recipe.spec.context)
-                entry["tokens"] = tokens
-                entry["largest"] = f"{name}: {steps:,} steps x {recipe.train.batch_size} x {recipe.spec.context}"
-            entry["vocab"] = min(entry["vocab"], recipe.spec.vocab)
-            if name not in entry["cells"]:
-                entry["cells"].append(name)
+    for name, _, recipe in plan.trainable_recipes():
+        if recipe.data.kind != "text" or recipe.data.prepared is not None:
+            continue
+        key = set_key(recipe.data, recipe_layout(recipe))
+        entry = found.setdefault(key, {"recipe": recipe, "tokens": 0, "vocab": recipe.spec.vocab, "cells": [], "largest": name})
+        tokens = trial_tokens(plan, name, recipe)
+        if tokens > entry["tokens"]:
+            steps = tokens // (recipe.train.batch_size * recipe.spec.context)
+            entry["tokens"] = tokens
+            entry["largest"] = f"{name}: {steps:,} steps x {recipe.train.batch_size} x {recipe.spec.context}"
+        entry["vocab"] = min(entry["vocab"], recipe.spec.vocab)
+        if name not in entry["cells"]:
+            entry["cells"].append(name)
     sets = []
     for entry in found.values():
         recipe = entry["recipe"]
@@ -129,15 +123,10 @@ def check_named_sets(plan) -> None:
     from blockforge.data.prepared import check_matches, check_set
 
     seen = set()
-    for name in plan.all_names():
-        for probe in plan.probes(name):
-            try:
-                recipe = plan.recipe(plan.trial_overrides(plan.cell(name), probe))
-            except SpecError:
-                continue
-            where = recipe.data.prepared
-            layout = recipe_layout(recipe) if recipe.data.kind == "text" else None
-            if where is None or (where, layout, recipe.spec.vocab) in seen:
-                continue
-            seen.add((where, layout, recipe.spec.vocab))
-            check_matches(check_set(where), recipe.data, layout, recipe.spec.vocab, where)
+    for _, _, recipe in plan.trainable_recipes():
+        where = recipe.data.prepared
+        layout = recipe_layout(recipe) if recipe.data.kind == "text" else None
+        if where is None or (where, layout, recipe.spec.vocab) in seen:
+            continue
+        seen.add((where, layout, recipe.spec.vocab))
+        check_matches(check_set(where), recipe.data, layout, recipe.spec.vocab, where)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from blockforge.search.config import OBJECTIVE, SEED_KEY, SearchPlan, trial_dir
-from blockforge.search.records.ledger import APART, StageName
 from blockforge.search.evidence.rungs import Curve, RungTable, curve_of
+from blockforge.search.records.ledger import APART, StageName
 from blockforge.search.stages.base import ended_status
 from blockforge.train.events import Status
 

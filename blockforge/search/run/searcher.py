@@ -12,13 +12,13 @@ from pathlib import Path
 
 from ray.tune.search import Searcher
 
-from blockforge.search.stages.cell import Cell, SearchContext
 from blockforge.search.config import OBJECTIVE, SearchPlan
 from blockforge.search.records.ledger import Ledger
 from blockforge.search.records.store import SearchStore
+from blockforge.search.stages.cell import Cell, SearchContext
 from blockforge.search.stages.explore import FREE_ASKS_IN_A_ROW
-from blockforge.search.stages.pipeline import build_stages
 from blockforge.search.stages.guidance import Guidance
+from blockforge.search.stages.pipeline import build_stages
 from blockforge.search.stages.predictions import Predictions
 
 

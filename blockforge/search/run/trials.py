@@ -100,8 +100,8 @@ def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
     `search`: the search folder, a local path or a URI (blockforge.storage)."""
     from blockforge.errors import BlockforgeError, FolderInUseError
-    from blockforge.search.stages.base import FAILURE
     from blockforge.search.records.store import Superseded
+    from blockforge.search.stages.base import FAILURE
 
     storage = search
     try:

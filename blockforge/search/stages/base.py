@@ -10,8 +10,8 @@ may train at most (the compute plan is the sum of the stages' own worst cases).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from blockforge.search.records.ledger import StageName, TrialRecord

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 from blockforge.search.config import MIX_LN_COUNT, SearchPlan
 from blockforge.search.records.ledger import StageName, TrialRecord
 from blockforge.search.stages.explore import Explore
-from blockforge.train.events import Status
 from blockforge.spec.search import mode_sign
+from blockforge.train.events import Status
 
 if TYPE_CHECKING:
-    from blockforge.search.stages.cell import Cell, SearchContext
     from blockforge.search.evidence.law import LawWindow
+    from blockforge.search.stages.cell import Cell, SearchContext
 
 
 def guide_window(plan: SearchPlan, name: str, records: list) -> "LawWindow | None":
@@ -162,10 +162,6 @@ class GuidedExplore(Explore):
         if config is not None:
             self.runs += 1
         return config
-
-    @classmethod
-    def worst_case(cls, plan: SearchPlan, name: str, explored: int) -> int:
-        return explored
 
     @staticmethod
     def budget(plan: SearchPlan, name: str) -> int:

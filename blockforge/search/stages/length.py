@@ -21,8 +21,8 @@ class Length(Stage):
         self.plan = plan
 
     def open(self, cell: CellLike) -> bool:
-        from blockforge.search.evidence.evidence import min_seeds
         from blockforge.search.checks.length_check import continuation, length_check, proxy_searched
+        from blockforge.search.evidence.evidence import min_seeds
 
         evidence = cell.evidence(min_seeds(self.plan))
         check = length_check(self.plan, cell.records(), evidence, trained_only=True)

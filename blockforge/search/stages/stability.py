@@ -28,8 +28,8 @@ class Stability(Stage):
         return {**self.__dict__, "probes": None}
 
     def open(self, cell: CellLike) -> bool:
-        from blockforge.search.evidence.evidence import min_seeds
         from blockforge.search.checks.stability_check import Probes, probed, warmups
+        from blockforge.search.evidence.evidence import min_seeds
 
         if self.probes is None:
             self.probes = Probes(self.plan, cell.name, lambda identity: getattr(cell.done.get(identity), "record", None))
