@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -47,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"blockforge: {result.message} (run folder {out})", file=sys.stderr)
         return EXIT_DIVERGED
     print(f"{result.status} at step {result.step}: {format_metrics(result.metrics)}")
-    unigram = trainer.data_info.get("unigram_val_ppl")
-    if unigram is not None and "val_ppl" in result.metrics:
-        print(f"baseline: a unigram model of the same tokens has val_ppl {unigram:.2f}")
+    baseline = result.metrics.get("val_baseline")
+    if baseline is not None and "val_ppl" in result.metrics:
+        print(f"baseline: a unigram model of the training split scores the same validation tokens at val_loss {baseline:.4g} "
+              f"(val_ppl {math.exp(baseline):.2f}); this run learnt {baseline - result.metrics['val_loss']:.3g} nats beyond it")
     stability = result.stability
     if stability is not None and (stability.unstable or stability.spikes):  # train/stability.py's rule, as every search applies it
         spikes = f"{stability.spikes} loss spike(s), the largest {stability.largest_spike:.2f} nats above the level before it"

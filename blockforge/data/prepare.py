@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from blockforge.data.prepared import (FORMAT, MANIFEST, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, data_settings,
+from blockforge.data.prepared import (FORMAT, MANIFEST, PARTS, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, data_settings,
                                       recipe_layout, set_key, sha256_file)
 from blockforge.errors import BlockforgeError, DataError, FolderInUseError, warn
 from blockforge.io import writes_into
@@ -47,7 +47,6 @@ from blockforge.storage import Lease, Storage, StorageError, cache_root
 PART_CHARS = 256 * 2**20  # text per part of a finite source (~60M tokens)
 ENCODE_DOCUMENTS = 256  # documents per call into the tokenizer
 STARTED = "preparing.json"  # what a preparation in progress is for (a resumed one must be for the same)
-PARTS = "parts"
 LOCK = "prepare.lock"
 LEASE = "prepare.lease"
 

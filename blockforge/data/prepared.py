@@ -53,6 +53,7 @@ from blockforge.storage import Storage, cache_root, is_uri
 FORMAT = 1
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer"
+PARTS = "parts"  # each part's record and its splits' token counts, as prepare.py wrote them
 SPLITS = ("train", "val")
 FILES = ("bin", "idx")  # per shard: the tokens and the document offsets
 HASH_CHUNK = 16 * 2**20
@@ -458,6 +459,9 @@ def node_copy(storage: Storage) -> Path:
         here.unlink(missing_ok=True)  # the copy is not a set until every file is in place again
         for name, (size, mtime) in sorted(storage.listing(TOKENIZER).items()):
             storage.download(f"{TOKENIZER}/{name}", local / TOKENIZER / name, mtime)
+        for name, (size, mtime) in sorted(storage.listing(PARTS).items()):
+            if name.endswith((".json", ".train.counts.npy")):  # the training split's counts (unigram_log_probs), a few kB
+                storage.download(f"{PARTS}/{name}", local / PARTS / name, mtime)
         _check_room(local, sum(expected["bytes"] for _, expected in wanted), where)
         for rel, expected in wanted:
             started = time.perf_counter()
@@ -679,6 +683,28 @@ class PreparedSet:
         return SplitRows(self.folder, self.manifest.splits[name], self.manifest.layout, self.manifest.np_dtype, pad_id, self.check)
 
 
+def training_counts(folder: Path, manifest: Manifest) -> np.ndarray | None:
+    """The token counts of the training split's shards, summed from the records of the parts that wrote them (each part
+    counts the ids it stored); None when a shard's part record or counts file is missing or does not read."""
+    wanted = {shard.name for shard in manifest.splits["train"].shards}
+    total, found = None, set()
+    for record_file in sorted((folder / PARTS).glob("*.json")):
+        try:
+            output = json.loads(record_file.read_text(encoding="utf-8"))["outputs"]["train"]
+            if output["shard"] not in wanted or output["shard"] in found:
+                continue
+            counts = np.load(folder / output["counts"], allow_pickle=False)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            return None
+        found.add(output["shard"])
+        if total is not None and len(total) != len(counts):
+            return None
+        total = counts.astype(np.int64) if total is None else total + counts
+    return total if found == wanted else None
+
+
 def to_batch(rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(rows if rows.dtype == np.int64 else rows.astype(np.int64))
 
@@ -719,6 +745,16 @@ class PreparedTextDataset:
 
     def unigram_perplexity(self) -> float | None:
         return self.manifest.unigram_val_ppl
+
+    def unigram_log_probs(self) -> np.ndarray | None:
+        """The unigram model of the training split (the counts its parts recorded as they were prepared), or None where
+        the set does not hold them (a copy taken down without its parts' records)."""
+        counts = training_counts(self.prepared.folder, self.manifest)
+        if counts is None:
+            return None
+        from blockforge.data.text import unigram_log_probs
+
+        return unigram_log_probs(counts[: max(len(counts), self.tokenizer.vocab_size)])
 
     def describe(self) -> dict[str, Any]:
         m = self.manifest

@@ -109,10 +109,15 @@ def padded_row(ids: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     return row
 
 
+def unigram_log_probs(counts: np.ndarray) -> np.ndarray:
+    """The unigram model of token `counts` (one per vocabulary id): log frequencies, add-one smoothed over the vocabulary."""
+    counts = counts.astype(np.float64)
+    return np.log(counts + 1.0) - np.log(counts.sum() + len(counts))
+
+
 def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
     """Perplexity on val_tokens of token frequencies counted on train_tokens, add-one smoothed over the vocabulary."""
-    counts = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64)
-    log_probs = np.log(counts + 1.0) - np.log(len(train_tokens) + vocab_size)
+    log_probs = unigram_log_probs(np.bincount(train_tokens, minlength=vocab_size))
     return float(np.exp(-log_probs[val_tokens].mean()))
 
 
@@ -218,9 +223,15 @@ class StreamingTextDataset:
 
     def unigram_perplexity(self) -> float:
         """Counts from the first STREAM_SAMPLE_TOKENS training tokens (in stream order), on the validation tokens."""
-        train = np.concatenate(list(take_tokens(self._encode(self._texts(self._train, validation=False)), STREAM_SAMPLE_TOKENS)))
         val = np.concatenate(list(self._val_documents()))
-        return unigram_perplexity(train, val, self.tokenizer.vocab_size)
+        return float(np.exp(-self.unigram_log_probs()[val].mean()))
+
+    def unigram_log_probs(self) -> np.ndarray:
+        """The unigram model of the first STREAM_SAMPLE_TOKENS training tokens (in stream order), computed once."""
+        if getattr(self, "_unigram", None) is None:
+            train = np.concatenate(list(take_tokens(self._encode(self._texts(self._train, validation=False)), STREAM_SAMPLE_TOKENS)))
+            self._unigram = unigram_log_probs(np.bincount(train, minlength=self.tokenizer.vocab_size))
+        return self._unigram
 
     def describe(self) -> dict[str, Any]:
         cfg = self.cfg

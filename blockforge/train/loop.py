@@ -47,7 +47,7 @@ from blockforge.train.progress import Progress
 from blockforge.train.runlog import RunLog
 from blockforge.train.runtime import Runtime, pick_device
 from blockforge.train.signals import StopRequest
-from blockforge.train.stability import Monitor, baseline_loss
+from blockforge.train.stability import Monitor, count_baseline
 from blockforge.train.task import evaluate, layer_grad_norms
 from blockforge.tracking import flat
 
@@ -167,6 +167,10 @@ class Trainer:
             self.state["stability"] = {}  # a checkpoint from before the monitor: it watches from here
         self.stability = Monitor(cfg.warmup_steps, self.state["stability"])  # every step's loss, in order (train/stability.py)
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
+        classes = self.recipe.model.classes if self.family.data_kind == "image" else None
+        # the loss of a count model on exactly the tokens evaluation scores: what a run learnt is measured from it
+        self.val_baseline = count_baseline(self.val_batches, None if classes else getattr(self.data, "unigram_log_probs", lambda: None)(),
+                                           self.pad_id, classes)
         self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main, tracking=self.recipe.tracking,
                           config=flat({"model": to_plain(self.recipe.model), "train": to_plain(self.recipe.train), "data": to_plain(self.recipe.data)}))
         self.data_info: dict[str, Any] = {}  # the data's description; filled on the main rank
@@ -251,7 +255,7 @@ class Trainer:
 
     def _finish(self, result: TrainResult) -> TrainResult:
         if result.status in (Status.COMPLETED, Status.DIVERGED):  # how stable it was (train/stability.py), said where the run ends
-            result.stability = judge_run(self.stability, result, self.data_info, self.recipe.model.classes if self.family.data_kind == "image" else None)
+            result.stability = judge_run(self.stability, result, self.val_baseline)
         if self.world.is_main:
             if result.stability is not None:
                 self.log.write({"step": result.step, "event": "stability", **result.stability.record()})
@@ -348,6 +352,8 @@ class Trainer:
         """The validation metrics after `step` (with its train loss), kept in the state and logged."""
         metrics = evaluate(self.model, self.val_batches, self.runtime, self.pad_id)
         metrics["train_loss"] = loss
+        if self.val_baseline is not None:
+            metrics["val_baseline"] = self.val_baseline
         self.state["metrics"] = metrics
         self.log.write({"step": step, "event": "eval", **metrics})
         return metrics
@@ -390,11 +396,11 @@ def read_steps(pending: list[_Pending], world: World) -> list[Step]:
     return [Step(p.step, loss, p.lr, norm, p.samples, p.layer_grad_norms) for p, loss, norm in zip(pending, *values)]
 
 
-def judge_run(monitor: Monitor, result: TrainResult, data_info: dict, classes: int | None):
-    """A run that completed or diverged, judged by train/stability.py's rule (its final validation loss against the data's
-    baseline: the unigram model of its tokens, or a uniform guess over `classes`)."""
+def judge_run(monitor: Monitor, result: TrainResult, baseline: float | None):
+    """A run that completed or diverged, judged by train/stability.py's rule; what it learnt is measured against `baseline`
+    (a count model's loss on the tokens its validation loss is measured on)."""
     diverged = result.message if result.status == Status.DIVERGED else None
-    return monitor.judge(diverged=diverged, final_loss=(result.metrics or {}).get("val_loss"), baseline=baseline_loss(data_info, classes))
+    return monitor.judge(diverged=diverged, final_loss=(result.metrics or {}).get("val_loss"), baseline=baseline)
 
 
 def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> TrainResult:
