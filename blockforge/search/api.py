@@ -72,7 +72,7 @@ class LawAnswer:
     bootstrap: BootstrapReport | None  # the laws refitted over seed resamples (None: fewer than two cells with replicates)
     verdict: str  # the sentence summary.md writes
     decided: LawFit | None  # the law the verdict names; None where the data cannot decide
-    stability: "StabilityLaw | None" = None  # confirm.stability: the largest stable lr across cells, per kind, and its predictions
+    stability: "StabilityLaw | None" = None  # with a learning-rate curve: the edges across cells, per kind, and their predictions
 
     def __repr__(self) -> str:
         from blockforge.search.display import law_text
@@ -274,11 +274,11 @@ class Search:
         empty = ["cell", "trial", "seed", "stage", "model", "alpha", "post_ln_layers", *keys.values(), "step"]
         return pandas.DataFrame(rows, columns=None if rows else empty).convert_dtypes()
 
-    PLOTS = ("metric_vs_alpha", "best_alpha_vs_depth", "pareto", "lr_check", "transfer_curves", "stability_vs_depth")
+    PLOTS = ("metric_vs_alpha", "best_alpha_vs_depth", "pareto", "lr_curves", "transfer_curves", "stability_vs_depth")
 
     def plot(self, which: str = "metric_vs_alpha"):
         """One of the plots the search writes (its PNG's name without .png), as a matplotlib figure: metric_vs_alpha,
-        best_alpha_vs_depth, pareto, lr_check, transfer_curves or stability_vs_depth; a cell's curves: cell(...).plot()."""
+        best_alpha_vs_depth, pareto, lr_curves, transfer_curves or stability_vs_depth; a cell's curves: cell(...).plot()."""
         from blockforge.search.reports.report import figures_of
 
         _chosen("plot", "which", which, self.PLOTS)

@@ -661,7 +661,7 @@ def _load_search(path: Path, overrides: list[tuple[str, Any]] | None, workdir: s
         keep_checkpoints=spec.keep_checkpoints, tracking=load.tracking(),
     )
     _check_length(spec, plan, fail)
-    _check_stability(spec, plan, load, fail)
+    _check_lr_curve(spec, plan, load, fail)
     if spec.guide is not None:
         plan.guide = spec.guide
         plan.order = _guide_order(plan, spec, fail)
@@ -846,25 +846,41 @@ def _check_length(spec: SearchFile, plan: SearchPlan, fail) -> None:
                        f"its {available:,} bytes of training data; train fewer steps or give more data", where)
 
 
-def _check_stability(spec: SearchFile, plan: SearchPlan, load: "_Loader", fail) -> None:
-    """confirm.stability against each cell: lr_max above the cell's learning rate, a probe no longer than a trial, and every
-    size it predicts at a recipe that builds."""
-    check = spec.confirm.stability if spec.confirm else None
-    if check is None:
+def _check_lr_curve(spec: SearchFile, plan: SearchPlan, load: "_Loader", fail) -> None:
+    """The learning-rate curve (confirm.lr_curve, or confirm.lr / confirm.stability) against each cell: lr_max above the
+    cell's learning rate, a grid of a size a search can train, a probe no longer than a trial, and every size it predicts
+    at a recipe that builds."""
+    from blockforge.spec.search import MAX_CURVE_POINTS, lr_curve_of
+
+    found = lr_curve_of(spec.confirm)
+    if found is None:
         return
+    check, key = found
+
+    def key_of(name: str) -> str:
+        """Where the file gave the curve's setting `name` (confirm.lr gives its bounds only)."""
+        if key == "confirm.lr_curve":
+            return f"confirm.lr_curve.{name}"
+        return f"confirm.stability.{name}" if spec.confirm.stability is not None else "confirm.lr.grid"
+
     for name in plan.cell_names():
         where = f" (cell {name})" if len(plan.cell_names()) > 1 else ""
         shared = plan.shared_lr(name)
         if not check.lr_max > shared:
-            raise fail(f"{check.lr_max:g} is not above the search's learning rate {shared:g}{where}; probes go from there up to "
-                       "lr_max: give a larger one, e.g. 30 times it", "confirm.stability.lr_max")
+            raise fail(f"{check.lr_max:g} is not above the search's learning rate {shared:g}{where}; the curve goes from below it up "
+                       "to lr_max: give a larger one, e.g. 30 times it", key_of("lr_max"))
+        grid = check.grid(shared)
+        if grid.points > MAX_CURVE_POINTS:
+            raise fail(f"makes a grid of {grid.points:,} learning rates from {grid.lr(grid.floor):.3g} to {check.lr_max:g}{where}, more than "
+                       f"{MAX_CURVE_POINTS} a search trains a curve over; give a coarser resolution (e.g. 1.25) or a narrower range",
+                       key_of("resolution"))
         if check.steps is not None and check.steps > plan.settings[name].steps:
             raise fail(f"{check.steps} is above the {plan.settings[name].steps} steps of a trial{where}; a probe is at most as "
-                       "long as the search's trials", "confirm.stability.steps")
+                       "long as the search's trials", key_of("steps"))
     for i, size in enumerate(check.predict):
-        where = f"confirm.stability.predict[{i}]"
-        for key in size:
-            load.checked(key, f"{where}.{key}")
+        where = f"{key_of('predict')}[{i}]"
+        for dotted in size:
+            load.checked(dotted, f"{where}.{dotted}")
         try:
             plan.recipe(plan.overrides + list(size.items()))
         except SpecError as err:

@@ -1,7 +1,7 @@
 """How a search's answers show in a notebook and a terminal: compact tables, the verdict and its interval first, never a
 dump of every field. Each answer object's `_repr_html_` (Jupyter) and `__repr__` (a console) come from here; the objects
 themselves keep every field for code to read. (The objects are findings.CellAnswer, evidence.CellEvidence and Candidate,
-stability_check.StabilityCheck, api.Search and LawAnswer: they import this module, which imports none of them.)"""
+lr_curve.LrCurves, api.Search and LawAnswer: they import this module, which imports none of them.)"""
 
 from __future__ import annotations
 
@@ -39,14 +39,12 @@ def answer_row(answer) -> list:
 
 
 def checks(answer) -> list[str]:
-    """One line per check the cell has: the learning rate, longer training, stability, transfer."""
+    """One line per check the cell has: longer training, the learning-rate curve, transfer."""
     lines = []
-    if answer.lr is not None:
-        lines.append(f"lr: {'lr-robust' if answer.lr.robust else 'not lr-robust' if answer.lr.robust is False else answer.lr.shared_verdict}")
     if answer.length is not None:
         lines.append("length: " + "; ".join(f"{s.steps} steps {s.outcome}" for s in answer.length.steps))
-    if answer.stability is not None:
-        lines.append(f"stability: {answer.stability.answer}")
+    if answer.curves is not None:
+        lines.append(f"lr curve: {answer.curves.answer}")
     if answer.outcome is not None:
         lines.append(f"transfer: {answer.outcome.outcome} ({answer.outcome.detail})")
     return lines
@@ -83,22 +81,24 @@ def cells_html(answers: Iterable) -> str:
     return html_table(ANSWER_HEADERS, [answer_row(a) for a in answers])
 
 
-# ---- stability --------------------------------------------------------------------------------------------------------
+# ---- learning-rate curves ---------------------------------------------------------------------------------------------
 
-STABILITY_HEADERS = ["candidate", "warm-up", "largest stable lr [95% CI]", "vs Pre-LN [95% CI]", "verdict", "search lr uses"]
-
-
-def stability_rows(check) -> list[list]:
-    return [[c.name, f"{c.warmup:g}", c.largest_text(), c.vs_pre_ln.text() if c.vs_pre_ln else "-", c.verdict,
-             f"{c.used:.0%}" if c.used is not None else "-"] for c in check.candidates]
+CURVE_HEADERS = ["candidate", "warm-up", "best lr", "edge [95% CI]", "edge vs Pre-LN", "LR sensitivity [95% CI]", "vs Pre-LN",
+                 "shared lr"]
 
 
-def stability_html(check) -> str:
-    return html_table(STABILITY_HEADERS, stability_rows(check), caption=f"{html.escape(check.cell)}: {html.escape(check.answer)}")
+def curve_rows(curves) -> list[list]:
+    return [[c.name, f"{c.warmup:g}", f"{c.best:.3g}" if c.best is not None else "-", c.edge_text(), c.edge_verdict_text(),
+             c.sensitivity_text(), (f"{c.sensitivity_verdict} ({c.sensitivity_vs_pre.text()})" if c.sensitivity_vs_pre else c.sensitivity_verdict)
+             or "-", curves.standing(c)] for c in curves.candidates]
 
 
-def stability_text(check) -> str:
-    return f"<StabilityCheck {check.cell}: {check.answer}\n" + text_table(STABILITY_HEADERS, stability_rows(check)) + ">"
+def curves_html(curves) -> str:
+    return html_table(CURVE_HEADERS, curve_rows(curves), caption=f"{html.escape(curves.cell)}: {html.escape(curves.answer)}")
+
+
+def curves_text(curves) -> str:
+    return f"<LrCurves {curves.cell}: {curves.answer}\n" + text_table(CURVE_HEADERS, curve_rows(curves)) + ">"
 
 
 def _short(text: str, limit: int) -> str:
@@ -157,7 +157,7 @@ def law_text(law) -> str:
 def law_html(law) -> str:
     parts = [f"<p><b>{html.escape(law.verdict)}</b></p>", html_table(LAW_HEADERS, law_rows(law))]
     if law.stability:
-        rows = [[f.kind, f"{f.warmup:g}", len(f.points), f.formula(), f.exponent_text()] for f in law.stability.fits]
-        parts.append(html_table(["kind", "warm-up", "cells", "largest stable lr", "depth exponent [95%]"], rows,
-                                caption="the largest stable learning rate across cells"))
+        rows = [[f.kind, f"{f.warmup:g}", len(f.points), f.formula(), f.exponent_text(), f.versus_text()] for f in law.stability.fits]
+        parts.append(html_table(["kind", "warm-up", "cells", "edge", "depth exponent [95%]", "minus Pre-LN's [95%]"], rows,
+                                caption="the edge (largest stable learning rate) across cells"))
     return "".join(parts)

@@ -160,8 +160,9 @@ class Resources:
 
 @dataclass(kw_only=True)
 class LrGrid:
-    """Learning rates each finalist and the Pre-LN reference are also trained at (with the confirmation's seeds), so
-    a verdict can be given at each candidate's own best learning rate beside the shared one."""
+    """Learning rates each finalist and the Pre-LN reference are also trained at (with the confirmation's seeds), so a
+    verdict can be given at each candidate's own best learning rate beside the shared one. It asks for the learning-rate
+    curve (LrCurve, confirm.lr_curve) from the grid's lowest learning rate to its highest."""
 
     grid: list[float] = field(metadata={"help": "learning rates, e.g. [0.0015, 0.003, 0.006, 0.012]"})
 
@@ -197,12 +198,10 @@ class LengthCheck:
 
 @dataclass(kw_only=True)
 class StabilityCheck:
-    """Each finalist's largest stable learning rate (the baselines' and the Pre-LN reference's too), found by bisection in
-    log space between the search's learning rate and `lr_max` with the confirmation's seeds, until the largest stable and
-    the smallest unstable learning rate are within a factor `resolution`; each probe trains `steps` steps (default: the
-    cell's own) with the candidate's own schedule, once per warm-up fraction in `warmup` (default: the recipe's own).
-    `predict` names sizes (recipe keys, e.g. {model.depth: 48}) the stability law says the recipe's learning rate is, or is
-    not, stable at. train/stability.py says what an unstable run is."""
+    """Each finalist's largest stable learning rate (the baselines' and the Pre-LN reference's too), up to `lr_max`, found
+    within a factor `resolution`; each probe trains `steps` steps (default: the cell's own), once per warm-up fraction in
+    `warmup` (default: the recipe's own); `predict` names sizes the stability law predicts at. It asks for the
+    learning-rate curve (LrCurve, confirm.lr_curve) with these settings: the edge is read off that curve."""
 
     lr_max: float = field(metadata={"help": "the highest learning rate probed, above the search's, e.g. 0.1"})
     resolution: float = 1.25
@@ -211,24 +210,143 @@ class StabilityCheck:
     predict: list[dict[str, Any]] = field(default_factory=list)
 
     def check(self, path: str) -> None:
-        if not (math.isfinite(self.lr_max) and self.lr_max > 0):
-            raise SpecError(f"must be a finite learning rate above 0, not {self.lr_max}", path=f"{path}.lr_max")
+        if not (math.isfinite(self.lr_max) and 0 < self.lr_max <= 1e3):
+            raise SpecError(f"must be a learning rate above 0 and at most 1000, not {self.lr_max}", path=f"{path}.lr_max")
         if not (math.isfinite(self.resolution) and 1 < self.resolution <= 4):
             raise SpecError(f"is the factor the largest stable learning rate is found within, above 1 and at most 4 (e.g. 1.25), "
                             f"not {self.resolution}", path=f"{path}.resolution")
-        if self.steps is not None and self.steps < 1:
-            raise SpecError(f"must be at least 1 (a probe's steps, at most the cell's own), not {self.steps}", path=f"{path}.steps")
-        if self.warmup is not None:
-            if not self.warmup:
-                raise SpecError("lists no warm-up fraction; give e.g. [0.0, 0.1], or leave it out for the recipe's own", path=f"{path}.warmup")
-            for i, fraction in enumerate(self.warmup):
-                if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-                    raise SpecError(f"is a fraction of a probe's steps in [0, 1), not {fraction!r}", path=f"{path}.warmup[{i}]")
-            if len(set(self.warmup)) != len(self.warmup):
-                raise SpecError("lists a warm-up fraction twice", path=f"{path}.warmup")
-        for i, size in enumerate(self.predict):
-            if not isinstance(size, dict) or not size:
-                raise SpecError("must be a mapping of recipe keys to values, e.g. {model.depth: 48, model.width: 256}", path=f"{path}.predict[{i}]")
+        _probe_settings(self.steps, self.warmup, self.predict, path)
+
+
+MAX_CURVE_POINTS = 256  # learning rates one curve's grid may hold, from its lowest to lr_max: a bound on what a typo costs
+
+
+@dataclass(kw_only=True)
+class LrCurve:
+    """One learning-rate curve per candidate: every finalist, the baselines and the Pre-LN reference, per seed of the
+    confirmation and per warm-up fraction, trained over a log grid of learning rates from `lr_min` (default: one coarse
+    `step` below the search's) up to `lr_max`, in coarse steps of about `step`; the grid grows up until a run is unstable
+    (then the edge between the two is found by bisection to within `resolution`), and down, at most `below` more coarse
+    steps, while the lowest point is still the best or unstable. Each probe trains `steps` steps (default: the cell's own)
+    with the candidate's schedule. From the curve: each one's best learning rate, the verdict at each one's best, its edge
+    (the largest stable learning rate) and its LR sensitivity. `predict` names sizes (recipe keys, e.g. {model.depth: 48})
+    the stability law says the recipe's learning rate is, or is not, stable at. train/stability.py says what an unstable
+    run is. `confirm.lr` ({grid}) and `confirm.stability` ({lr_max, ...}) ask for this same curve."""
+
+    lr_max: float = field(metadata={"help": "the highest learning rate probed, above the search's, e.g. 0.1"})
+    lr_min: float | None = None
+    step: float = 2.0
+    resolution: float = 1.25
+    below: int = 2
+    steps: int | None = None
+    warmup: list[float] | None = None
+    predict: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self, path: str) -> None:
+        for key in ("lr_max", "lr_min"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and 0 < value <= 1e3):
+                raise SpecError(f"must be a learning rate above 0 and at most 1000, not {value}", path=f"{path}.{key}")
+        if self.lr_min is not None and not self.lr_min < self.lr_max:
+            raise SpecError(f"must lie below lr_max {self.lr_max:g}, not {self.lr_min:g}", path=f"{path}.lr_min")
+        if not (math.isfinite(self.step) and 1 < self.step <= 10):
+            raise SpecError(f"is the factor between the curve's coarse learning rates, above 1 and at most 10 (e.g. 2), not {self.step}",
+                            path=f"{path}.step")
+        if not (math.isfinite(self.resolution) and 1 < self.resolution <= self.step):
+            raise SpecError(f"is the factor the edge is found within, above 1 and at most step ({self.step:g}), e.g. 1.25; not "
+                            f"{self.resolution}", path=f"{path}.resolution")
+        if not 0 <= self.below <= 8:
+            raise SpecError(f"is how many coarse steps the curve may grow below lr_min, 0 to 8, not {self.below}", path=f"{path}.below")
+        _probe_settings(self.steps, self.warmup, self.predict, path)
+
+    def grid(self, low: float) -> "CurveGrid":
+        """The learning rates of a cell whose search trains at `low`."""
+        return _curve_grid(low, self)
+
+
+@dataclass(frozen=True)
+class CurveGrid:
+    """The learning rates of a cell's curves: index 0 is the search's, `top` is lr_max, coarse points every `every`
+    indices; the fixed range starts at `bottom` (lr_min), and a curve may grow `below` more coarse steps under it."""
+
+    low: float
+    high: float
+    top: int
+    every: int
+    bottom: int
+    below: int
+
+    @property
+    def step(self) -> float:
+        """The ratio of two neighbouring learning rates: what an edge is known within."""
+        return (self.high / self.low) ** (1 / self.top)
+
+    @property
+    def floor(self) -> int:
+        return self.bottom - self.below * self.every
+
+    @property
+    def points(self) -> int:
+        return self.top - self.floor + 1
+
+    def lr(self, index: int) -> float:
+        if index == 0:
+            return self.low
+        if index == self.top:
+            return self.high
+        return float(f"{self.low * self.step ** index:.6g}")  # six figures: a readable override, the same on every machine
+
+    def coarse(self, lowest: int | None = None) -> list[int]:
+        return list(range(self.bottom if lowest is None else lowest, self.top + 1, self.every))
+
+
+def _curve_grid(low: float, settings: "LrCurve") -> CurveGrid:
+    """The grid of a cell whose search trains at `low`: fine steps of at most `resolution`, coarse ones of about `step`."""
+    every = max(1, round(math.log(settings.step) / math.log(settings.resolution)))
+    up = max(1, math.ceil(math.log(settings.lr_max / low) / (every * math.log(settings.resolution)) - 1e-9))
+    top = every * up
+    coarse = (settings.lr_max / low) ** (every / top)
+    down = 1 if settings.lr_min is None else max(1, math.ceil(math.log(low / settings.lr_min) / math.log(coarse) - 1e-9))
+    return CurveGrid(low, settings.lr_max, top, every, -every * down, settings.below)
+
+
+def _probe_settings(steps: int | None, warmup: list[float] | None, predict: list, path: str) -> None:
+    """A probe's steps, the warm-up fractions probed and the sizes predicted at, as confirm.lr_curve and confirm.stability
+    take them."""
+    if steps is not None and steps < 1:
+        raise SpecError(f"must be at least 1 (a probe's steps, at most the cell's own), not {steps}", path=f"{path}.steps")
+    if warmup is not None:
+        if not warmup:
+            raise SpecError("lists no warm-up fraction; give e.g. [0.0, 0.1], or leave it out for the recipe's own", path=f"{path}.warmup")
+        for i, fraction in enumerate(warmup):
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+                raise SpecError(f"is a fraction of a probe's steps in [0, 1), not {fraction!r}", path=f"{path}.warmup[{i}]")
+        if len(set(warmup)) != len(warmup):
+            raise SpecError("lists a warm-up fraction twice", path=f"{path}.warmup")
+    for i, size in enumerate(predict):
+        if not isinstance(size, dict) or not size:
+            raise SpecError("must be a mapping of recipe keys to values, e.g. {model.depth: 48, model.width: 256}", path=f"{path}.predict[{i}]")
+
+
+def lr_curve_of(confirm: "Confirm | None") -> tuple[LrCurve, str] | None:
+    """The learning-rate curve a search's confirmation asks for, and the key that asked: confirm.lr_curve as given; or
+    confirm.lr and confirm.stability as the same curve, their grid's lowest rate its lr_min and the highest of the grid and
+    confirm.stability.lr_max its lr_max (the rest of confirm.stability as given). None: no curve."""
+    if confirm is None:
+        return None
+    curve, grid, stability = getattr(confirm, "lr_curve", None), confirm.lr, confirm.stability
+    if curve is not None:
+        return curve, "confirm.lr_curve"
+    if grid is None and stability is None:
+        return None
+    rates = sorted(grid.grid) if grid is not None else []
+    lr_max = max([*rates, *([stability.lr_max] if stability is not None else [])])
+    settings = {"lr_min": rates[0] if rates else None}
+    if stability is not None:
+        settings.update(resolution=stability.resolution, step=max(2.0, stability.resolution), steps=stability.steps,
+                        warmup=stability.warmup, predict=stability.predict)
+    keys = " and ".join(k for k, given in (("confirm.lr", grid), ("confirm.stability", stability)) if given is not None)
+    return LrCurve(lr_max=lr_max, **{k: v for k, v in settings.items() if v is not None}), keys
 
 
 GUIDE_AFTER_MIN = 2  # why: see Guide
@@ -270,8 +388,13 @@ class Confirm:
     lr: LrGrid | None = None
     length: LengthCheck | None = None
     stability: StabilityCheck | None = None
+    lr_curve: LrCurve | None = None
 
     def check(self, path: str) -> None:
+        if self.lr_curve is not None and (self.lr is not None or self.stability is not None):
+            given = "confirm.lr" if self.lr is not None else "confirm.stability"
+            raise SpecError(f"asks for the same learning-rate curve as {given}; give one of them (lr_curve takes lr_min, lr_max, step, "
+                            "resolution, below, steps, warmup and predict)", path=f"{path}.lr_curve")
         if self.top < 1:
             raise SpecError(f"must be at least 1, not {self.top}", path=f"{path}.top")
         if self.seeds < 1:
@@ -347,6 +470,9 @@ class SearchFile:
         if self.confirm.stability is not None and varied(LR_KEY):
             raise SpecError(f"probes each finalist's learning rate up to lr_max itself, and {LR_KEY} varies here already ({varied(LR_KEY)}); "
                             "drop one of them", path="confirm.stability")
+        if getattr(self.confirm, "lr_curve", None) is not None and varied(LR_KEY):
+            raise SpecError(f"trains each finalist over its own learning-rate curve, and {LR_KEY} varies here already ({varied(LR_KEY)}); "
+                            "drop one of them", path="confirm.lr_curve")
         if varied(SEED_KEY):
             raise SpecError(f"confirmation trains every finalist with several seeds itself; remove {SEED_KEY} here or drop confirm",
                             path=f"{varied(SEED_KEY)}.{SEED_KEY}")

@@ -1,33 +1,38 @@
-"""The largest stable learning rate across cells: how it moves with depth (and width) for each kind of candidate, and
-whether a larger model's learning rate is predicted to lie inside its stable range.
+"""The edge (the largest stable learning rate, search/checks/lr_curve.py) across cells: how it moves with depth (and width)
+for each kind of candidate, and whether a larger model's learning rate is predicted to lie inside its stable range.
 
 Per kind (Pre-LN; all-Post-LN where the search trains it; Mix-LN at the paper's alpha 0.25; each cell's winner where it is
-not Pre-LN) and warm-up fraction, a power law is fitted to the cells' geometric means by least squares on logarithms,
+not Pre-LN) and warm-up fraction, a power law is fitted by least squares on logarithms to the cells' edges (each cell's
+geometric mean over its seeds),
 
-    log lr* = a + b log depth  (+ c log width, where the cells vary the width)
+    log edge = a + b log depth  (+ c log width, where the cells vary the width)
 
-and bootstrapped over seeds: each resample draws every cell's seeds with replacement (the same draw for every kind of a
-cell, so kinds stay paired by seed), takes the geometric mean of the drawn seeds' largest stable learning rates, and
-refits. The intervals are the middle 95% of the resamples. A kind's depth exponent minus Pre-LN's, over the same
-resamples, says whether its margin shrinks with depth faster than Pre-LN's (KEEL's claim for Mix-LN) or not.
+Cells are the unit. A parameter's 95% interval comes from the cells' scatter around the law (t with cells minus terms
+degrees of freedom): it holds the seed noise of each cell's mean and whatever the law misses; seeds within a cell only make
+its point. Each interval is widened for the grid: an edge is known within one grid step, and one step at one end of the
+depth range tilts a slope by log(step) / (the range of log depth). An edge that is only a lower bound (a seed stable up to
+lr_max) is no point: its cell is left out and named, so it can never narrow an interval. With no degree of freedom left
+the law has no interval, and everything it would say is "cannot tell".
 
-Predictions: at each transfer target and each `confirm.stability.predict` size, every law's largest stable learning rate
-with its interval, against the learning rate that size's recipe trains with (under muP / CompleteP the same one, since the
-learning rate is meant to transfer): `inside` when the recipe's learning rate lies below the interval, `outside` when
-above it, else `cannot tell`. A law fitted on one width predicts at another width as if width did not matter, and says so.
+A kind against Pre-LN is compared over the cells both have exact edges in: the per-cell log ratio is fitted the same way,
+and its slope is the kind's depth exponent minus Pre-LN's. "Falls faster (slower) with depth than Pre-LN's" only when its
+interval excludes 0; otherwise, or with too few common cells, "cannot tell".
+
+Predictions: at each transfer target and each `predict` size, every law's edge with its 95% prediction interval (the fit's,
+widened by one grid step), against the learning rate that size's recipe trains with: `inside` when that rate lies below the
+interval, `outside` when above it, else (or without an interval) `cannot tell`. A law fitted on one width predicts at
+another width as if width did not matter, and says so.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 
-from blockforge.search.checks.stability_check import CandidateStability, StabilityCheck
+from blockforge.search.checks.lr_curve import CandidateCurve, LrCurves, curve_settings
 from blockforge.search.config import SearchPlan, cell_name
-from blockforge.search.evidence.evidence import CellEvidence
+from blockforge.search.evidence.evidence import CellEvidence, t_quantile
 
-RESAMPLES = 1000
 KINDS = ("Pre-LN", "Post-LN", "Mix-LN alpha 0.25", "winner")
 
 
@@ -36,10 +41,28 @@ class StabilityPoint:
     cell: str
     depth: int
     width: int
-    largest: float  # the geometric mean over seeds
+    largest: float  # the edge: the geometric mean over seeds
     low: float | None
     high: float | None
-    seeds: dict[int, float]  # seed -> its largest stable learning rate
+    seeds: dict[int, float]  # seed -> its edge
+
+
+@dataclass
+class Fit:
+    """log y = X params by least squares over cells, with 95% intervals from the cells' scatter widened for the grid."""
+
+    terms: list[str]  # "1", "log depth", "log width"
+    params: list[float]
+    low: list[float] | None  # None: no degree of freedom left
+    high: list[float] | None
+    dof: int
+    scale: float = 0.0  # the residual variance
+    inverse: list[list[float]] = field(default_factory=list, repr=False)  # (X'X)^-1
+    grid_step: float = 1.0
+
+    def interval_text(self, i: int) -> str:
+        value = f"{self.params[i]:+.2f}"
+        return f"{value} [{self.low[i]:+.2f}, {self.high[i]:+.2f}]" if self.low is not None else f"{value} (cannot tell: {self.dof} degrees of freedom)"
 
 
 @dataclass
@@ -47,33 +70,48 @@ class StabilityFit:
     kind: str
     warmup: float
     points: list[StabilityPoint]
-    terms: list[str]  # "1", "log depth", "log width"
-    params: list[float]
-    low: list[float]  # 95% over seed resamples, per parameter
-    high: list[float]
-    draws: list[list[float]] = field(default_factory=list, repr=False)  # the resamples' parameters (for predictions)
-    versus_pre: tuple[float, float, float] | None = None  # the depth exponent minus Pre-LN's: estimate, 95% interval
+    fit: Fit
+    left_out: list[str] = field(default_factory=list)  # cells whose edge is only a lower bound (stable up to lr_max)
+    versus_pre: tuple[float, float | None, float | None] | None = None  # depth exponent minus Pre-LN's, 95% interval (None: none)
+    versus_cells: list[str] = field(default_factory=list)  # the cells that comparison is over
+    versus_dof: int = 0
+
+    @property
+    def terms(self) -> list[str]:
+        return self.fit.terms
+
+    @property
+    def params(self) -> list[float]:
+        return self.fit.params
 
     def formula(self) -> str:
         scale = f"{math.exp(self.params[0]):.3g}"
         powers = [f"{'L' if name == 'log depth' else 'W'}^{value:+.2f}" for name, value in zip(self.terms[1:], self.params[1:])]
-        return "lr* = " + " * ".join([scale, *powers])
+        return "edge = " + " * ".join([scale, *powers])
 
     def exponent_text(self) -> str:
-        if "log depth" not in self.terms:
+        return "-" if "log depth" not in self.terms else self.fit.interval_text(self.terms.index("log depth"))
+
+    def at(self, depth: int, width: int) -> float:
+        return math.exp(sum(p * v for p, v in zip(self.params, _row(self.terms, depth, width))))
+
+    def predict(self, depth: int, width: int) -> tuple[float, float | None, float | None]:
+        """The edge at a size, with its 95% prediction interval (None without a degree of freedom)."""
+        row = _row(self.terms, depth, width)
+        centre = sum(p * v for p, v in zip(self.params, row))
+        if self.fit.low is None:
+            return math.exp(centre), None, None
+        leverage = sum(row[i] * self.fit.inverse[i][j] * row[j] for i in range(len(row)) for j in range(len(row)))
+        half = t_quantile(self.fit.dof) * math.sqrt(self.fit.scale * (1 + leverage)) + math.log(self.fit.grid_step)
+        return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+    def versus_text(self) -> str:
+        if self.versus_pre is None:
             return "-"
-        i = self.terms.index("log depth")
-        return f"{self.params[i]:+.2f} [{self.low[i]:+.2f}, {self.high[i]:+.2f}]"
-
-    def at(self, params: list[float], depth: int, width: int) -> float:
-        values = {"1": 1.0, "log depth": math.log(depth), "log width": math.log(width)}
-        return math.exp(sum(p * values[t] for p, t in zip(params, self.terms)))
-
-    def predict(self, depth: int, width: int) -> tuple[float, float, float]:
-        point = self.at(self.params, depth, width)
-        drawn = sorted(self.at(p, depth, width) for p in self.draws) or [point]
-        cut = int(0.025 * len(drawn))
-        return point, drawn[cut], drawn[len(drawn) - 1 - cut]
+        d, lo, hi = self.versus_pre
+        if lo is None:
+            return f"{d:+.2f} (cannot tell: {len(self.versus_cells)} cells in common)"
+        return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] over {len(self.versus_cells)} cells"
 
 
 @dataclass(frozen=True)
@@ -85,17 +123,16 @@ class StabilityPrediction:
     kind: str
     warmup: float
     largest: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     verdict: str  # inside | outside | cannot tell
     width_assumed: bool  # the law was fitted on one width: width was assumed not to matter
 
     def text(self) -> str:
-        where = {"inside": "inside its stable range", "outside": "outside its stable range",
-                 "cannot tell": "within the interval: cannot tell"}[self.verdict]
+        where = {"inside": "inside its stable range", "outside": "outside its stable range", "cannot tell": "cannot tell"}[self.verdict]
+        span = f" [{self.low:.3g}, {self.high:.3g}]" if self.low is not None else " (no interval)"
         note = " (fitted on one width: assumes width does not move it)" if self.width_assumed else ""
-        return (f"{self.size}: {self.kind} (warm-up {self.warmup:g}) largest stable lr {self.largest:.3g} [{self.low:.3g}, "
-                f"{self.high:.3g}]; the recipe's lr {self.lr:g} is {where}{note}")
+        return f"{self.size}: {self.kind} (warm-up {self.warmup:g}) edge {self.largest:.3g}{span}; the recipe's lr {self.lr:g} is {where}{note}"
 
 
 @dataclass
@@ -104,24 +141,28 @@ class StabilityLaw:
     predictions: list[StabilityPrediction]
 
     def verdicts(self) -> list[str]:
-        """Per kind and warm-up: does its largest stable lr fall with depth faster than Pre-LN's?"""
+        """Per kind and warm-up: does its edge fall with depth faster than Pre-LN's? Said only where the cells show it."""
         lines = []
         for f in self.fits:
             if f.versus_pre is None:
                 continue
             d, lo, hi = f.versus_pre
-            if hi < 0:
-                said = "falls faster with depth than Pre-LN's"
+            cells = ", ".join(f.versus_cells)
+            if lo is None:
+                said = (f"cannot tell whether it falls faster or slower with depth than Pre-LN's: {len(f.versus_cells)} cells in common "
+                        f"({cells}) leave no degree of freedom for an interval")
+            elif hi < 0:
+                said = f"falls faster with depth than Pre-LN's (depth exponent minus Pre-LN's {d:+.2f} [{lo:+.2f}, {hi:+.2f}] over {cells})"
             elif lo > 0:
-                said = "falls slower with depth than Pre-LN's"
+                said = f"falls slower with depth than Pre-LN's (depth exponent minus Pre-LN's {d:+.2f} [{lo:+.2f}, {hi:+.2f}] over {cells})"
             else:
-                said = "falls neither faster nor slower with depth than Pre-LN's, within the interval"
-            lines.append(f"{f.kind} (warm-up {f.warmup:g}): its largest stable lr {said} (depth exponent minus Pre-LN's {d:+.2f} "
-                         f"[{lo:+.2f}, {hi:+.2f}])")
+                said = (f"cannot tell whether it falls faster or slower with depth than Pre-LN's (depth exponent minus Pre-LN's {d:+.2f} "
+                        f"[{lo:+.2f}, {hi:+.2f}] over {cells})")
+            lines.append(f"{f.kind} (warm-up {f.warmup:g}): its edge {said}")
         return lines
 
 
-def kind_of(candidate: CandidateStability, depth: int, winner: str | None) -> list[str]:
+def kind_of(candidate: CandidateCurve, depth: int, winner: str | None) -> list[str]:
     """The kinds a probed candidate stands for in its cell (the winner may also be the paper's alpha)."""
     from blockforge.spec.resolve import mix_ln_count
 
@@ -138,82 +179,93 @@ def kind_of(candidate: CandidateStability, depth: int, winner: str | None) -> li
     return kinds
 
 
-def _point(cell: str, depth: int, width: int, c: CandidateStability) -> StabilityPoint | None:
-    seeds = {b.seed: b.value for b in c.brackets if b.value is not None}
-    if c.largest is None or len(seeds) != len(c.brackets):  # a seed unstable at the search's lr, or not finished: no point
-        return None
-    return StabilityPoint(cell, depth, width, c.largest, c.low, c.high, seeds)
+def _row(terms: list[str], depth: float, width: float) -> list[float]:
+    values = {"1": 1.0, "log depth": math.log(depth), "log width": math.log(width)}
+    return [values[t] for t in terms]
 
 
-def stability_law(plan: SearchPlan, checks: dict[str, StabilityCheck | None], evidence: dict[str, CellEvidence]) -> StabilityLaw | None:
-    """The laws of every kind and warm-up with points in two cells or more, and their predictions (None: fewer than two cells)."""
+def fit_cells(points: list[StabilityPoint], terms: list[str], values: list[float], grid_step: float) -> Fit:
+    """Least squares of `values` (logarithms, one per cell) on the terms, with intervals from the cells' scatter, each widened
+    by what one grid step at one end of the range does to it."""
     import numpy as np
 
+    X = np.array([_row(terms, p.depth, p.width) for p in points])
+    y = np.array(values)
+    params, *_ = np.linalg.lstsq(X, y, rcond=None)
+    dof = len(points) - len(terms)
+    if dof < 1:
+        return Fit(terms, [float(v) for v in params], None, None, dof, grid_step=grid_step)
+    resid = y - X @ params
+    scale = float(resid @ resid) / dof
+    inverse = np.linalg.pinv(X.T @ X)
+    step = math.log(grid_step)
+    widen = [step if t == "1" else step / max(1e-12, float(np.ptp(X[:, i]))) for i, t in enumerate(terms)]
+    half = [t_quantile(dof) * math.sqrt(max(0.0, scale * float(inverse[i, i]))) + widen[i] for i in range(len(terms))]
+    return Fit(terms, [float(v) for v in params], [float(p - h) for p, h in zip(params, half)], [float(p + h) for p, h in zip(params, half)],
+               dof, scale, inverse.tolist(), grid_step)
+
+
+def _terms(points: list[StabilityPoint]) -> list[str]:
+    return (["1"] + (["log depth"] if len({p.depth for p in points}) > 1 else [])
+            + (["log width"] if len({p.width for p in points}) > 1 else []))
+
+
+def stability_law(plan: SearchPlan, curves: dict[str, LrCurves | None], evidence: dict[str, CellEvidence]) -> StabilityLaw | None:
+    """The laws of every kind and warm-up with exact edges in two cells or more that differ in size, and their predictions
+    (None: no such kind)."""
     points: dict[tuple[str, float], list[StabilityPoint]] = {}
-    for cell, check in checks.items():
+    left_out: dict[tuple[str, float], list[str]] = {}
+    steps = []
+    for cell, check in curves.items():
         if check is None:
             continue
+        steps.append(check.grid.step)
         model = plan.recipe(plan.trial_overrides(plan.cell(cell), {})).model
         winner = evidence[cell].winner.model if evidence[cell].winner is not None else None
         for c in check.candidates:
-            point = _point(cell, model.depth, model.width, c)
-            if point is not None:
-                for kind in kind_of(c, model.depth, winner):
-                    points.setdefault((kind, c.warmup), []).append(point)
+            for kind in kind_of(c, model.depth, winner):
+                if c.edge is not None and c.capped:
+                    left_out.setdefault((kind, c.warmup), []).append(cell)
+                elif c.edge is not None:
+                    seeds = {ch.seed: ch.value for ch in c.chains}
+                    points.setdefault((kind, c.warmup), []).append(
+                        StabilityPoint(cell, model.depth, model.width, c.edge, c.edge_low, c.edge_high, seeds))
+    step = max(steps, default=1.0)
     fits = []
     for (kind, warmup), found in sorted(points.items(), key=lambda item: (KINDS.index(item[0][0]), item[0][1])):
-        depths, widths = {p.depth for p in found}, {p.width for p in found}
-        terms = ["1"] + (["log depth"] if len(depths) > 1 else []) + (["log width"] if len(widths) > 1 else [])
-        if len(found) < 2 or len(terms) == 1 or len(found) < len(terms):
+        terms = _terms(found)
+        if len(terms) == 1:
             continue
-        fits.append(StabilityFit(kind, warmup, found, terms, *_fit(found, terms, np)))
+        fits.append(StabilityFit(kind, warmup, found, fit_cells(found, terms, [math.log(p.largest) for p in found], step),
+                                 left_out.get((kind, warmup), [])))
     if not fits:
         return None
-    _bootstrap(fits, np)
+    for f in fits:
+        _versus_pre(f, fits, step)
     return StabilityLaw(fits, _predictions(plan, fits))
 
 
-def _design(points: list[StabilityPoint], terms: list[str], np):
-    columns = {"1": lambda p: 1.0, "log depth": lambda p: math.log(p.depth), "log width": lambda p: math.log(p.width)}
-    return np.array([[columns[t](p) for t in terms] for p in points])
-
-
-def _fit(points: list[StabilityPoint], terms: list[str], np, values: list[float] | None = None) -> tuple[list[float], list[float], list[float]]:
-    y = np.log(np.array(values if values is not None else [p.largest for p in points]))
-    params = np.linalg.lstsq(_design(points, terms, np), y, rcond=None)[0]
-    return [float(v) for v in params], [float(v) for v in params], [float(v) for v in params]
-
-
-def _bootstrap(fits: list[StabilityFit], np) -> None:
-    """Every fit's parameters over seed resamples (each cell's seeds drawn once per resample, for every kind), their 95%
-    intervals, and each kind's depth exponent against Pre-LN's at the same warm-up."""
-    rng = random.Random(0)
-    cells = sorted({p.cell for f in fits for p in f.points})
-    seeds = {cell: sorted({s for f in fits for p in f.points if p.cell == cell for s in p.seeds}) for cell in cells}
-    for _ in range(RESAMPLES):
-        drawn = {cell: [rng.choice(seeds[cell]) for _ in seeds[cell]] for cell in cells}
-        for f in fits:
-            values = [math.exp(sum(math.log(p.seeds[s]) for s in drawn[p.cell]) / len(drawn[p.cell])) for p in f.points]
-            f.draws.append(_fit(f.points, f.terms, np, values)[0])
-    for f in fits:
-        columns = list(zip(*f.draws))
-        cut = int(0.025 * len(f.draws))
-        f.low = [sorted(c)[cut] for c in columns]
-        f.high = [sorted(c)[len(c) - 1 - cut] for c in columns]
-    for f in fits:
-        pre = next((g for g in fits if g.kind == "Pre-LN" and g.warmup == f.warmup), None)
-        if f.kind == "Pre-LN" or pre is None or "log depth" not in f.terms or "log depth" not in pre.terms:
-            continue
-        i, j = f.terms.index("log depth"), pre.terms.index("log depth")
-        differences = sorted(a[i] - b[j] for a, b in zip(f.draws, pre.draws))
-        cut = int(0.025 * len(differences))
-        f.versus_pre = (f.params[i] - pre.params[j], differences[cut], differences[len(differences) - 1 - cut])
+def _versus_pre(f: StabilityFit, fits: list[StabilityFit], step: float) -> None:
+    """The kind's depth exponent minus Pre-LN's, over the cells both have exact edges in, fitted on their log ratios."""
+    pre = next((g for g in fits if g.kind == "Pre-LN" and g.warmup == f.warmup), None)
+    if f.kind == "Pre-LN" or pre is None:
+        return
+    theirs = {p.cell: p for p in pre.points}
+    common = [p for p in f.points if p.cell in theirs]
+    terms = _terms(common)
+    if "log depth" not in terms:
+        return
+    ratio = [math.log(p.largest) - math.log(theirs[p.cell].largest) for p in common]
+    fit = fit_cells(common, terms, ratio, step)
+    i = terms.index("log depth")
+    f.versus_pre = (fit.params[i], fit.low[i] if fit.low else None, fit.high[i] if fit.high else None)
+    f.versus_cells, f.versus_dof = [p.cell for p in common], fit.dof
 
 
 def prediction_sizes(plan: SearchPlan) -> list[tuple[str, object]]:
-    """(name, recipe) of every size the laws predict at: the transfer targets, then confirm.stability.predict's."""
+    """(name, recipe) of every size the laws predict at: the transfer targets, then the curve's `predict` sizes."""
     sizes = [(name, plan.recipe(plan.trial_overrides(plan.cell(name), {}))) for name in plan.target_names()]
-    for size in plan.confirm.stability.predict:
+    for size in curve_settings(plan).predict:
         sizes.append((cell_name(size), plan.recipe(plan.overrides + list(size.items()))))
     return sizes
 
@@ -224,7 +276,7 @@ def _predictions(plan: SearchPlan, fits: list[StabilityFit]) -> list[StabilityPr
         depth, width, lr = recipe.model.depth, recipe.model.width, recipe.train.lr
         for f in fits:
             largest, low, high = f.predict(depth, width)
-            verdict = "inside" if lr < low else "outside" if lr > high else "cannot tell"
+            verdict = "cannot tell" if low is None else "inside" if lr < low else "outside" if lr > high else "cannot tell"
             assumed = "log width" not in f.terms and width not in {p.width for p in f.points}
             out.append(StabilityPrediction(name, depth, width, lr, f.kind, f.warmup, largest, low, high, verdict, assumed))
     return out

@@ -216,7 +216,7 @@ def candidates_of(records: list, cell: str, penalty: float) -> list[Candidate]:
     found: dict[str, Candidate] = {}
     for r in records:
         if r.cell != cell or r.status not in (Status.COMPLETED, Status.DIVERGED) or r.stage in APART:
-            continue  # the learning-rate and length checks' trials are compared apart (lr_check, length_check)
+            continue  # the learning-rate curves' and length checks' trials are compared apart (lr_curve, length_check)
         model = r.model or r.identity or f"trial {r.trial}"  # ledgers from before replicates name no model
         c = found.setdefault(model, Candidate(model, dict(r.overrides), r.alpha, r.post_ln_layers, r.uniform_pre))
         c.costs.update(r.costs)

@@ -36,9 +36,9 @@ class StageName(str, Enum):
     RACING = "racing"
     PROMOTION = "promotion"
     TRANSFER = "transfer"
-    LR = "lr"  # a finalist or the Pre-LN reference at another learning rate (confirm.lr)
+    LR = "lr"  # a probe of a candidate's learning-rate curve (confirm.lr_curve, or confirm.lr / confirm.stability)
     LENGTH = "length"  # the cell's pair continued to a longer training (confirm.length)
-    STABILITY = "stability"  # a probe of a candidate's largest stable learning rate (confirm.stability)
+    STABILITY = "stability"  # a probe of a candidate's largest stable learning rate, as searches before the curve recorded it
 
     def __str__(self) -> str:
         return self.value

@@ -17,8 +17,7 @@ from blockforge.search.reports.progress import Progress, progress
 
 if TYPE_CHECKING:
     from blockforge.search.checks.length_check import LengthCheck
-    from blockforge.search.checks.lr_check import LrCheck
-    from blockforge.search.checks.stability_check import StabilityCheck
+    from blockforge.search.checks.lr_curve import LrCurves
     from blockforge.search.checks.stability_law import StabilityLaw
     from blockforge.search.checks.transfer import Prediction, TargetOutcome
     from blockforge.search.evidence.law import BootstrapReport, LawReport, LawWindow
@@ -45,9 +44,8 @@ class CellAnswer:
     window: LawWindow | None = None  # guidance: the Post-LN counts the laws predicted for it
     raced_out: dict[str, tuple[Candidate, Difference]] = field(default_factory=dict)  # racing: model -> (leader, difference)
     promoted: dict[str, str] = field(default_factory=dict)  # promotion: model -> why it was brought back
-    lr: LrCheck | None = None  # confirm.lr: each finalist's best learning rate and the verdict there
     length: LengthCheck | None = None  # confirm.length: the verdict at each longer length
-    stability: StabilityCheck | None = None  # confirm.stability: each probed candidate's largest stable lr, and the answer weighing it
+    curves: LrCurves | None = None  # confirm.lr_curve: each probed candidate's curve, best lr, edge and LR sensitivity, and the answer
     rungs: CellRungs | None = None  # early stopping against the full-budget curves (with a scheduler)
     front: Front | None = None  # with a cost axis: quality against cost
     prediction: Prediction | None = None  # a transfer target: the k the proxies predicted
@@ -85,7 +83,7 @@ class CellAnswer:
                    vs_pre_ln=e.vs_reference, tied=e.tied_with_winner(), claim=e.claim(), window=found.windows.get(name),
                    raced_out=dict(found.races.get(name, {})),
                    promoted={r.model: r.promoted for r in found.records if r.cell == name and r.promoted},
-                   lr=found.lr_checks.get(name), length=found.lengths.get(name), stability=found.stability.get(name), rungs=found.rungs.get(name),
+                   length=found.lengths.get(name), curves=found.curves.get(name), rungs=found.rungs.get(name),
                    front=found.fronts.get(name), prediction=found.predictions.get(name), outcome=found.outcomes.get(name),
                    progress=progress(found, name), metric=found.plan.metric)
 
@@ -109,12 +107,11 @@ class Findings:
     gaps: dict[Target, dict[str, list[tuple[int, float, float, float]]]] = field(default_factory=dict)  # each candidate against Pre-LN along training
     cell_plans: dict[Cell | Target, "CellPlan"] = field(default_factory=dict)
     full_plans: dict[Target, "CellPlan"] = field(default_factory=dict)  # the plan of a full search of each target
-    lr_checks: dict[Cell, "LrCheck | None"] = field(default_factory=dict)  # with confirm.lr
     windows: dict[Cell, "LawWindow | None"] = field(default_factory=dict)  # guided cells, from the cells before each
     races: dict[Cell, dict[str, tuple[Candidate, Difference]]] = field(default_factory=dict)  # model -> (leader, difference): left the race
     lengths: dict[Cell, "LengthCheck | None"] = field(default_factory=dict)  # with confirm.length
-    stability: dict[Cell, "StabilityCheck | None"] = field(default_factory=dict)  # with confirm.stability
-    stability_law: "StabilityLaw | None" = None  # with confirm.stability: the largest stable lr across cells, and its predictions
+    curves: dict[Cell, "LrCurves | None"] = field(default_factory=dict)  # with a learning-rate curve (confirm.lr_curve, .lr, .stability)
+    stability_law: "StabilityLaw | None" = None  # ... the edges across cells, and their predictions
 
     @property
     def law_verdict(self) -> str:
@@ -149,10 +146,6 @@ class Findings:
             found.predictions = predictions(plan, proxies, plan.target_names(), evidence, found.boot, found.points)
             found.outcomes = {t: judge(plan, records, p) for t, p in found.predictions.items() if p is not None}
             found.gaps = {t: target_gaps(plan, evidence[t]) for t in plan.target_names()}
-        if plan.confirm is not None and plan.confirm.lr is not None:
-            from blockforge.search.checks.lr_check import lr_check
-
-            found.lr_checks = {cell: lr_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
         if plan.guide is not None:
             from blockforge.search.stages.guidance import guide_window
 
@@ -165,12 +158,13 @@ class Findings:
                 from blockforge.search.checks.length_check import length_check
 
                 found.lengths = {cell: length_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
-            if plan.confirm.stability is not None:
-                from blockforge.search.checks.stability_check import stability_check
+            from blockforge.search.checks.lr_curve import curve_settings, lr_curves
+
+            if curve_settings(plan) is not None:
                 from blockforge.search.checks.stability_law import stability_law
 
-                found.stability = {cell: stability_check(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
-                found.stability_law = stability_law(plan, found.stability, evidence)
+                found.curves = {cell: lr_curves(plan, by_cell.get(cell, []), evidence[cell]) for cell in plan.cell_names()}
+                found.stability_law = stability_law(plan, found.curves, evidence)
         found.cell_plans = {c.cell: c for c in search_plan(plan)}
         found.full_plans = {target: cell_plan(plan, target, as_proxy=True) for target in plan.target_names()}
         return found

@@ -8,6 +8,7 @@ import time
 
 from blockforge.search.config import SearchPlan
 from blockforge.search.records.ledger import Ledger, LedgerFollower, StageName, TrialRecord
+from blockforge.spec.search import lr_curve_of
 from blockforge.train.events import Status
 
 
@@ -41,13 +42,13 @@ class ProgressView:
         return head + self._best(records)
 
     def counts(self, records: list[TrialRecord], tune_trials: list | None = None) -> dict[str, int]:
-        """Trials by status (queued and running as Tune knows them, when it is asked), replicates and stability probes."""
+        """Trials by status (queued and running as Tune knows them, when it is asked), replicates and learning-rate probes."""
         shown = (Status.RUNNING, Status.COMPLETED, Status.PRUNED, Status.DIVERGED, Status.FAILED, Status.DUPLICATE,
                  *((Status.INFEASIBLE,) if self.plan.constraints else ()))
         counts = {str(s): sum(r.status == s for r in records) for s in shown}
         counts["replicates"] = sum(r.stage == StageName.CONFIRM and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
-        if self.plan.confirm is not None and getattr(self.plan.confirm, "stability", None) is not None:
-            counts["stability probes"] = sum(r.stage == StageName.STABILITY and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
+        if lr_curve_of(self.plan.confirm) is not None:
+            counts["lr probes"] = sum(r.stage == StageName.LR and r.status in (Status.COMPLETED, Status.DIVERGED) for r in records)
         if tune_trials is not None:  # Tune knows which started trials wait for resources
             counts["running"] = sum(t.status == "RUNNING" for t in tune_trials)
             counts = {"queued": sum(t.status == "PENDING" for t in tune_trials), **counts}

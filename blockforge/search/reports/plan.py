@@ -107,8 +107,8 @@ def format_plan(plan: SearchPlan, cells: list[CellPlan], *, gpu: str | None = No
     if plan.confirm is not None and plan.confirm.length is not None:
         lines.append(f"length: the check's continuations counted in trials of the cell's own length (to {max(plan.confirm.length.factors):g}x the "
                      "steps, each length continuing from the one before).")
-    if plan.confirm is not None and getattr(plan.confirm, "stability", None) is not None:
-        lines.append(stability_line(plan))
+    if curve_key(plan) is not None:
+        lines.append(curve_line(plan))
     if gpu is not None:
         if gpu not in GPU_PEAKS:
             raise BlockforgeError(f"--gpu {gpu}: unknown; choose one of {', '.join(GPU_PEAKS)} (dense bf16 peaks from their datasheets)")
@@ -160,17 +160,29 @@ def storage_lines(plan: SearchPlan, cells: list[CellPlan]) -> list[str]:
     return [f"storage: at most {_size(at_most)} while it runs, {_size(end)} at the end ({kept}; runs' logs and the prepared data aside)"]
 
 
-def stability_line(plan: SearchPlan) -> str:
-    """What the stability column counts."""
-    from blockforge.search.checks.stability_check import grid, probe_steps, warmups
+def curve_key(plan: SearchPlan) -> str | None:
+    """The key that asked for a learning-rate curve (confirm.lr_curve, confirm.lr, confirm.stability), or None."""
+    from blockforge.spec.search import lr_curve_of
+
+    found = lr_curve_of(plan.confirm)
+    return None if found is None else found[1]
+
+
+def curve_line(plan: SearchPlan) -> str:
+    """What the lr curve column counts, and what a file's confirm.lr or confirm.stability now trains."""
+    from blockforge.search.checks.lr_curve import grid, probe_steps, warmups
+    from blockforge.search.stages.lr_curve import chain_probes
 
     cell = plan.cell_names()[0]
-    levels = grid(plan, cell).levels
+    g = grid(plan, cell)
     steps = probe_steps(plan, cell)
     length = f"{steps} steps" if steps != plan.settings[cell].steps else "the cell's own length"
-    return (f"stability: each finalist, baseline and the Pre-LN reference, per seed of the confirmation and per warm-up "
-            f"({len(warmups(plan))}), probed at up to {2 + levels} learning rates up to {plan.confirm.stability.lr_max:g} "
-            f"(probes of {length}), counted in trials of the cell's own length.")
+    key = curve_key(plan)
+    asked = "" if key == "confirm.lr_curve" else f"{key} ask{'s' if ' and ' not in key else ''} for the learning-rate curve (confirm.lr_curve): "
+    return (f"lr curve: {asked}each finalist, baseline and the Pre-LN reference, per seed of the confirmation and per warm-up "
+            f"({len(warmups(plan))}), trained from {g.lr(g.bottom):.3g} (down to {g.lr(g.floor):.3g} while its lowest point is the best) "
+            f"to lr_max {g.high:g} in coarse steps of x{g.step ** g.every:.3g}, up until a run is unstable, the edge found within x{g.step:.3g}: "
+            f"at most {chain_probes(g)} probes a chain (probes of {length}), counted in trials of the cell's own length.")
 
 
 def _size(n: float) -> str:

@@ -72,8 +72,8 @@ def quick_progress(plan: "SearchPlan", records: list[TrialRecord], name: str, ev
 
 
 def progress(found, name: str) -> Progress:
-    """A cell's progress in what a search found (findings.Findings): `quick_progress`, and the checks its plan has (lr,
-    length, stability) or a target's outcome."""
+    """A cell's progress in what a search found (findings.Findings): `quick_progress`, and the checks its plan has (length,
+    the learning-rate curve) or a target's outcome."""
     plan = found.plan
     planned = found.cell_plans[name].total_trials if name in found.cell_plans else 0
     quick = quick_progress(plan, found.records, name, found.evidence[name], planned)
@@ -82,13 +82,11 @@ def progress(found, name: str) -> Progress:
         if found.outcomes.get(name) is None:
             pending.append("transfer")
     elif plan.confirm is not None and "confirmation" not in pending:
-        if plan.confirm.lr is not None and found.lr_checks.get(name) is None:
-            pending.append("lr")
         if plan.confirm.length is not None and _length_pending(found, name):
             pending.append("length")
-        check = found.stability.get(name) if plan.confirm.stability is not None else None
-        if plan.confirm.stability is not None and (check is None or not check.finished):
-            pending.append("stability")
+        curves = found.curves.get(name)
+        if name in found.curves and (curves is None or not curves.finished):  # the search asks for a learning-rate curve
+            pending.append("lr curve")
     return Progress(quick.trained, planned, quick.running, pending)
 
 

@@ -35,16 +35,16 @@ CONSOLE_LEAVES_OUT = ("completed", "failed", "diverged", "Pre-LN mean ± sd (n)"
 
 def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, CellEvidence], found: Findings | None = None) -> tuple[list[str], list[list]]:
     """The summary table: per cell, trial counts by status, the winner with its replicates, and its verdict against Pre-LN
-    (with confirm.stability and `found`: its stability against Pre-LN's too)."""
-    from blockforge.search.reports.stability_report import stability_column
+    (with a learning-rate curve and `found`: the verdict at each one's best and the edge against Pre-LN's too)."""
+    from blockforge.search.reports.lr_curve_report import curve_column
 
-    stability = ["stability vs Pre-LN"] if found is not None and plan.confirm is not None and plan.confirm.stability is not None else []
+    curved = ["lr curve vs Pre-LN"] if found is not None and found.curves else []
     extra = other_keys(plan)
     infeasible = ["infeasible"] if plan.constraints else []
     alpha = ["best alpha range", "post-LN layers"] if plan.varies_alpha else []
     pre_ln = ["Pre-LN mean ± sd (n)", "vs Pre-LN [95% CI]", "verdict"] if plan.against_pre_ln else []
     headers = ["cell", "trials", "completed", "pruned", "diverged", "failed", "duplicate", *infeasible, *alpha,
-               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", *pre_ln, *stability, "runner-up gap [95% CI]"]
+               *(f"best {k.rsplit('.', 1)[-1]}" for k in extra), f"{plan.metric} mean ± sd (n)", *pre_ln, *curved, "runner-up gap [95% CI]"]
     rows = []
     for cell in plan.cell_names():
         mine = [r for r in records if r.cell == cell]
@@ -59,7 +59,7 @@ def cell_rows(plan: SearchPlan, records: list[TrialRecord], evidence: dict[str, 
             w.spread() if w else "-",
             *([e.reference.spread() if e.reference else "-", e.vs_reference.text() if e.vs_reference and e.verdict != "Pre-LN" else "-",
                e.verdict] if pre_ln else []),
-            *([stability_column(found, cell)] if stability else []),
+            *([curve_column(found, cell)] if curved else []),
             e.vs_runner_up.text() if e.vs_runner_up else "-",
         ])
     return headers, rows
@@ -113,37 +113,6 @@ def write_best_specs(plan: SearchPlan, evidence: dict[str, CellEvidence], folder
         atomic_write_text(folder / f"{slug}.recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
 
 
-def plot_lr_checks(plan: SearchPlan, checks: dict, path: Path | None = None):
-    """Per cell with a learning-rate check: the winner and Pre-LN over the grid (each seed a dot, the line their mean
-    over the seeds every learning rate shares), the shared learning rate dashed and each one's best ringed."""
-
-    cells = list(checks)
-    fig, axes = figure(1, len(cells), figsize=(max(6.4, 4.8 * len(cells)), 3.8), squeeze=False)
-    for ax, cell in zip(axes[0], cells):
-        check = checks[cell]
-        for curve, color in ((check.candidate, "tab:blue"), (check.reference, "tab:gray")):
-            if curve is None:
-                continue
-            lrs, seeds = sorted(curve.by_lr), curve.seeds
-            for lr in lrs:
-                ax.scatter([lr] * len(curve.by_lr[lr]), list(curve.by_lr[lr].values()), color=color, s=10, alpha=0.5)
-            if seeds:
-                means = [curve.mean_at(lr, seeds) for lr in lrs]
-                ax.plot(lrs, means, "-o", color=color, markersize=4, label=f"{curve.name} (mean of {len(seeds)} seeds)")
-                ax.scatter([curve.best], [means[lrs.index(curve.best)]], s=120, facecolors="none", edgecolors=color)
-        ax.axvline(check.shared, color="black", linestyle="--", linewidth=0.8, label=f"shared lr {check.shared:g}")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel(plan.metric)
-        ax.set_title(f"{cell}: {'Pre-LN won, nothing to check' if check.robust is None else 'lr-robust' if check.robust else 'not lr-robust'}",
-                     fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{plan.name}: {plan.metric} against the learning rate (ringed: each one's best)", fontsize=10)
-    fig.tight_layout()
-    return saved(fig, path)
-
-
 def compute_section(found: Findings) -> str:
     """Per cell: the plan's worst case beside what the search actually trained (trials, steps, FLOPs, trial-seconds)."""
     plan = found.plan
@@ -176,8 +145,8 @@ def compute_section(found: Findings) -> str:
 
 def basis_section(found: Findings) -> list[str]:
     """Per cell, what its verdict rests on: the training length and learning rate it was measured at, and whether a
-    check at another length (a transfer target that lengthens training) or at each candidate's own learning rate
-    (confirm.lr) exists, with its outcome."""
+    check at another length (a transfer target that lengthens training) or over each candidate's learning-rate curve
+    (confirm.lr_curve) exists, with its outcome."""
     from blockforge.spec.family import get_family
 
     plan = found.plan
@@ -194,16 +163,11 @@ def basis_section(found: Findings) -> list[str]:
         own = found.lengths.get(cell)
         longer += [f"{s.steps} steps: {s.outcome}" for s in own.steps] if own is not None else []
         text += "; length check: " + ("; ".join(longer) if longer else "none (no transfer target trains longer than it, no confirm.length)")
-        check = found.lr_checks.get(cell)
-        if plan.confirm is not None and plan.confirm.lr is not None:
-            text += "; lr check: " + ("Pre-LN won and no other finalist was trained over the grid" if check and check.robust is None
-                                      else (("lr-robust" if check.robust else "not lr-robust") + f" ({check.best_verdict} at each one's best lr)")
-                                      if check else "not trained yet")
+        if cell in found.curves:
+            curves = found.curves[cell]
+            text += "; lr curve: " + (f"{curves.answer}; {curves.probe_text()}" if curves else "not trained yet")
         else:
-            text += "; lr check: none (confirm.lr trains the finalists over a grid)"
-        if plan.confirm is not None and plan.confirm.stability is not None:
-            stability = found.stability.get(cell)
-            text += "; stability check: " + (f"{stability.answer}, {stability.probe_text()}" if stability else "not trained yet")
+            text += "; lr curve: none (confirm.lr_curve trains the finalists, baselines and Pre-LN over learning rates)"
         lines.append(text + ".")
     return lines
 
@@ -229,9 +193,8 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     headers, rows = cell_rows(plan, records, evidence, found)
     claims = [evidence[cell].claim() for cell in plan.cell_names()]
     provisional = [f"{cell}: {said.text()}" for cell in plan.all_names() if not (said := progress(found, cell)).final]
-    lr_lines = [check.text() for check in found.lr_checks.values() if check is not None]
     pareto_markdown, pareto_lines = pareto_summary(plan, found)
-    sections = {"table": markdown_table(headers, rows), "claims": claims, "provisional": provisional, "lr": lr_lines,
+    sections = {"table": markdown_table(headers, rows), "claims": claims, "provisional": provisional,
                 "views": _views_text(plan, plots, search_dir, location, tensorboard),
                 "pareto": pareto_markdown, "transfer": transfer_summary(plan, transfer_markdown)}
     atomic_write_text(search_dir / "summary.md", _summary(plan, found, sections))
@@ -239,9 +202,9 @@ def write_reports(search_dir: Path, plan: SearchPlan, ledger: Ledger, location: 
     keep = [i for i, h in enumerate(headers) if h not in CONSOLE_LEAVES_OUT]
     console = text_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
     advice = [a for a in (found.rungs[cell].advice() for cell in plan.cell_names()) if a] if plan.asha else []
-    from blockforge.search.reports.stability_report import stability_lines
+    from blockforge.search.reports.lr_curve_report import curve_lines
 
-    return (console + "\n\n" + "\n".join(claims + provisional + pareto_lines + lr_lines + stability_lines(found) + advice)
+    return (console + "\n\n" + "\n".join(claims + provisional + pareto_lines + curve_lines(found) + advice)
             + ("\n\n" + verdict_line if plan.varies_alpha else "")
             + ("\n\n" + "\n".join(transfer_lines) if transfer_lines else ""))
 
@@ -264,10 +227,10 @@ def _write_data(search_dir: Path, plan: SearchPlan, records: list, found: Findin
                                                                for i, p in enumerate(front.points)] for cell, front in found.fronts.items()})
     if plan.targets:
         atomic_write_json(search_dir / "transfer.json", transfer_data)
-    if plan.confirm is not None and plan.confirm.stability is not None:
-        from blockforge.search.reports.stability_report import stability_data
+    if found.curves:
+        from blockforge.search.reports.lr_curve_report import curves_data
 
-        atomic_write_json(search_dir / "stability.json", stability_data(found))
+        atomic_write_json(search_dir / "stability.json", curves_data(found))
     return tensorboard
 
 
@@ -284,15 +247,15 @@ def figures_of(found: Findings) -> dict:
     """The plots a search has data for, by name (its PNG's, without .png): each a function drawing its figure (and writing
     it, given a path). The reports write them; the Python view returns them."""
     plan, records, evidence = found.plan, found.records, found.evidence
-    lr_checks = {cell: check for cell, check in found.lr_checks.items() if check is not None}
     plots = {
         "metric_vs_alpha": (plan.varies_alpha, lambda path=None: plot_metric_vs_alpha(plan, records, evidence, path)),
         "best_alpha_vs_depth": (bool(found.points), lambda path=None: plot_best_alpha(found.points, found.law, found.boot, path)),
         "pareto": (bool(plan.costs), lambda path=None: plot_fronts(plan, found.fronts, path)),
-        "lr_check": (bool(lr_checks), lambda path=None: plot_lr_checks(plan, lr_checks, path)),
+        "lr_curves": (any(c is not None for c in found.curves.values()), lambda path=None: _plot_curves(found, path)),
         "transfer_curves": (bool(plan.targets) and any(evidence[t].candidates for t in plan.target_names()),
                             lambda path=None: plot_target_curves(plan, evidence, found.gaps, path)),
-        "stability_vs_depth": (any(check is not None for check in found.stability.values()), lambda path=None: _plot_stability(found, path)),
+        "stability_vs_depth": (any(c is not None and any(x.edge is not None for x in c.candidates) for c in found.curves.values()),
+                               lambda path=None: _plot_stability(found, path)),
     }
     return {name: draw for name, (wanted, draw) in plots.items() if wanted}
 
@@ -306,9 +269,15 @@ def _provisional_text(lines: list[str]) -> str:
 
 
 def _plot_stability(found: Findings, path: Path | None):
-    from blockforge.search.reports.stability_report import plot_stability
+    from blockforge.search.reports.lr_curve_report import plot_stability
 
     return plot_stability(found, path)
+
+
+def _plot_curves(found: Findings, path: Path | None):
+    from blockforge.search.reports.lr_curve_report import plot_curves
+
+    return plot_curves(found, path)
 
 
 def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: str | None, tensorboard: bool) -> str:
@@ -327,14 +296,11 @@ def _views_text(plan: SearchPlan, plots: list[str], search_dir: Path, location: 
 def _summary(plan: SearchPlan, found: Findings, sections: dict) -> str:
     """summary.md: the objective and method, the table and claims, then a section per kind of evidence."""
     from blockforge.search.reports.checks_report import checks_markdown
-    from blockforge.search.reports.stability_report import stability_markdown
+    from blockforge.search.reports.lr_curve_report import curves_markdown
     from blockforge.search.stages.confirm import describe_confirmation
     from blockforge.search.stages.promote import PROMOTION_RULE
 
     evidence = found.evidence
-    lr_lines = sections["lr"]
-    lr_markdown = ("\n## Learning rate: verdicts at each candidate's own learning rate\n\n" + "\n".join("- " + line for line in lr_lines) + "\n"
-                   if lr_lines else "")
     details = "\n\n".join(f"### {cell}\n\n{candidate_table(plan, evidence[cell])}" for cell in plan.cell_names() if evidence[cell].candidates)
     summary = f"""# Search {plan.name}
 
@@ -348,7 +314,7 @@ Intervals: {METHOD} over the training seeds two models share (candidates trained
 What each answer rests on:
 
 {chr(10).join('- ' + line for line in basis_section(found))}
-{lr_markdown}
+
 {sections["views"]}
 
 ## Candidates per cell
@@ -361,7 +327,7 @@ What each answer rests on:
 
 {early_stopping_section(found)}
 {checks_markdown(found)}
-{stability_markdown(found)}
+{curves_markdown(found)}
 {sections["pareto"]}{sections["transfer"]}## Compute: the plan beside what was trained
 
 Planned: the worst case `blockforge search FILE --plan` prints. Trained: runs that trained (duplicates and

@@ -19,7 +19,9 @@ from blockforge.tracking import STATE_FILE, Trackers
 from blockforge.train.events import Status
 
 ANSWER_COLUMNS = ["cell", "winner", "post_ln_layers", "mean", "sd", "n", "vs_pre_ln", "low", "high", "verdict", "tied_with", "claim"]
-STABILITY_COLUMNS = ["largest_stable_lr", "stable_lr_vs_pre_ln", "stability", "answer"]  # with confirm.stability: the winner's
+# with a learning-rate curve: the winner's best lr, its verdict there against Pre-LN at its own, its edge and its ratio to Pre-LN's,
+# its LR sensitivity minus Pre-LN's, and the cell's answer
+CURVE_COLUMNS = ["best_lr", "verdict_at_best", "edge", "edge_vs_pre_ln", "edge_verdict", "lr_sensitivity_vs_pre_ln", "curve_answer"]
 
 
 def search_group(plan: SearchPlan, location: str) -> str:
@@ -90,23 +92,25 @@ class SearchTracking:
         self.update(records)
         if not self.trackers:
             return
-        stability = self.plan.confirm is not None and self.plan.confirm.stability is not None
+        curved = bool(found.curves)
         rows = []
         for a in (CellAnswer.of(found, cell) for cell in self.plan.all_names()):
             w, vs = a.winner, a.vs_pre_ln
             rows.append([a.name, describe(w) if w else None, w.post_ln_layers if w else None, w.mean if w else None, w.sd if w else None,
                          w.n if w else 0, vs.mean if vs else None, vs.low if vs else None, vs.high if vs else None, a.verdict,
-                         "; ".join(describe(c) for c in a.tied), a.claim, *(_stability_cells(a) if stability else [])])
+                         "; ".join(describe(c) for c in a.tied), a.claim, *(_curve_cells(a) if curved else [])])
         law = found.law_verdict if self.plan.varies_alpha and found.law else ""
         summary = {"trials": len(records), **({"alpha_law": law} if law else {}), **({"stopped": True} if stopped else {})}
-        self.trackers.answers("answers", f"{self.group} answers", ANSWER_COLUMNS + (STABILITY_COLUMNS if stability else []), rows, summary)
+        self.trackers.answers("answers", f"{self.group} answers", ANSWER_COLUMNS + (CURVE_COLUMNS if curved else []), rows, summary)
         self.trackers.close(finished=not stopped)
 
 
-def _stability_cells(answer) -> list:
-    """The winner's largest stable learning rate, its ratio to Pre-LN's, its stability verdict and the cell's answer."""
-    check = answer.stability
-    mine = check.of(answer.winner.model) if check is not None and answer.winner is not None else None
+def _curve_cells(answer) -> list:
+    """CURVE_COLUMNS of a cell: the winner's, as the curves say them (summary.md and the notebook view say the same)."""
+    curves = answer.curves
+    mine = curves.of(answer.winner.model) if curves is not None and answer.winner is not None else None
     if mine is None:
-        return [None, None, None, check.answer if check is not None else None]
-    return [mine.largest, mine.vs_pre_ln.mean if mine.vs_pre_ln else None, mine.verdict, check.answer]
+        return [None] * (len(CURVE_COLUMNS) - 1) + [curves.answer if curves is not None else None]
+    ratio, sens = mine.edge_vs_pre, mine.sensitivity_vs_pre
+    return [mine.best, curves.best_verdict, mine.edge, ratio.mean if ratio else None, mine.edge_verdict, sens.mean if sens else None,
+            curves.answer]

@@ -117,7 +117,7 @@ class Finalist:
 class Finalists:
     """What a cell's confirming stages share, and change only through these methods: the finalists (Confirm chooses
     them, Promote adds the models it brings back), the further seeds they have had (Confirm's rounds, Race's), and
-    those that left the race (Confirm drops them; Race and LrSweep leave them out)."""
+    those that left the race (Confirm drops them; Race leaves them out)."""
 
     models: list[Finalist] = field(default_factory=list)
     extra_seeds: int = 0  # further seeds the finalists have so far

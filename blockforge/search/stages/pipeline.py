@@ -2,8 +2,8 @@
 
 A proxy cell explores, then (with `confirm`) confirms its finalists, or its explored front with a cost axis;
 with a scheduler it promotes pruned trials that could have ended ahead; with `confirm.max_seeds` it races its
-leaders; with `confirm.lr` it trains its finalists over a learning-rate grid; with `confirm.length` it continues its pair to longer
-training; with `confirm.stability` it finds each finalist's largest stable learning rate. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
+leaders; with `confirm.length` it continues its pair to longer training; with `confirm.lr_curve` (or `confirm.lr` /
+`confirm.stability`) it trains its finalists, baselines and Pre-LN over a learning-rate curve. A transfer target only transfers. When a cell is idle its stages after exploration are asked in this
 order for more work (cell.Cell.ready), so promotion comes before each further round of racing.
 
 A new stage is a new file with a Stage subclass and one line in PROXY_STAGES (or TARGET_STAGES).
@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from blockforge.search.config import SearchPlan
+from blockforge.spec.search import lr_curve_of
 from blockforge.search.stages.base import Stage
 from blockforge.search.stages.confirm import Confirm, Front, Race
 from blockforge.search.stages.explore import Explore
 from blockforge.search.stages.guidance import GuidedExplore
 from blockforge.search.stages.length import Length
-from blockforge.search.stages.lr import LrSweep
+from blockforge.search.stages.lr_curve import LrCurve
 from blockforge.search.stages.promote import Promote
-from blockforge.search.stages.stability import Stability
 from blockforge.search.stages.transfer import Transfer
 
 if TYPE_CHECKING:
@@ -36,9 +36,8 @@ PROXY_STAGES: list[tuple[type[Stage], When]] = [
     (Front, lambda plan, name: plan.confirm is not None and bool(plan.costs)),
     (Promote, lambda plan, name: plan.stops_early(name)),
     (Race, lambda plan, name: plan.confirm is not None and plan.confirm.max_seeds is not None),
-    (LrSweep, lambda plan, name: plan.confirm is not None and plan.confirm.lr is not None),
     (Length, lambda plan, name: plan.confirm is not None and plan.confirm.length is not None),
-    (Stability, lambda plan, name: plan.confirm is not None and plan.confirm.stability is not None),
+    (LrCurve, lambda plan, name: lr_curve_of(plan.confirm) is not None),
 ]
 TARGET_STAGES: list[tuple[type[Stage], When]] = [
     (Transfer, lambda plan, name: True),
