@@ -59,6 +59,11 @@ def register_family(family: Family) -> Family:
     return family
 
 
+def family_names() -> tuple[str, ...]:
+    """The registered families' names: the values `model.family` may take (its field's choices)."""
+    return tuple(FAMILIES)
+
+
 def get_family(name: str, path: str = "model.family") -> Family:
     try:
         return FAMILIES[name]
