@@ -452,7 +452,7 @@ AS_WRITTEN, PLAN, HELP, MAKE_N, COMPILE, SLOW_ONLY = "as written", "twin: --plan
 
 # (the command, how the default suite runs it, how the slow test runs it), first match wins.
 RUNS = [
-    (r"blockforge (inspect|(search|prepare) .*--plan)\b", AS_WRITTEN, AS_WRITTEN),  # nothing is trained: seconds
+    (r"blockforge (inspect|schema|(search|prepare) .*--plan)\b", AS_WRITTEN, AS_WRITTEN),  # nothing is trained: seconds
     (r"blockforge search ", PLAN, AS_WRITTEN),                        # minutes of training (shortened by SHORTER)
     (r"blockforge (train|prepare|eval|analyze|export|generate) ", HELP, AS_WRITTEN),  # trains, or reads what training wrote
     (r"python -c ", COMPILE, AS_WRITTEN),                             # reads a finished search

@@ -31,20 +31,24 @@ def test_importing_blockforge_imports_no_torch_and_fills_the_family_registry():
     assert found == {"families": ["llama", "vit"], "build": "lazy('blockforge.nn.llama:Llama')", "heavy": []}
 
 
-def test_every_help_and_a_mistyped_flag_answer_without_torch():
+def test_every_help_a_mistyped_flag_and_the_schemas_answer_without_torch():
     found = fresh("""
-        import contextlib, io
+        import contextlib, io, json
         from blockforge.cli import build_parser, main
 
         commands = list(next(a for a in build_parser()._actions if a.dest == "command").choices)
-        codes = {}
-        for argv in [["--help"], *([name, "--help"] for name in commands), ["search", "--no-such-flag"]]:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        codes, printed = {}, {}
+        for argv in [["--help"], *([name, "--help"] for name in commands), ["search", "--no-such-flag"], ["schema", "recipe"],
+                     ["schema", "search"]]:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
                 codes[" ".join(argv)] = main(argv)
-        result = {"commands": commands, "codes": codes}
+            printed[" ".join(argv)] = out.getvalue()
+        result = {"commands": commands, "codes": codes, "titles": [json.loads(printed[f"schema {k}"])["title"] for k in ("recipe", "search")]}
     """)
-    assert {"search", "train", "inspect", "export"} <= set(found["commands"])
+    assert {"search", "train", "inspect", "export", "schema"} <= set(found["commands"])
     assert found["codes"].pop("search --no-such-flag") == 2 and set(found["codes"].values()) == {0}
+    assert found["titles"] == ["blockforge recipe", "blockforge search file"]
     assert found["heavy"] == []
 
 
