@@ -106,7 +106,8 @@ class Sampler:
 
 @dataclass(kw_only=True)
 class Divergence:
-    max_loss: float | None = bounded(None, above=0, why="is a training-loss ceiling and ")  # the training loss ceiling after warmup (train.divergence.max_loss)
+    # the training loss ceiling after warmup (train.divergence.max_loss)
+    max_loss: float | None = bounded(None, above=0, why="is a training-loss ceiling and ")
     penalty: float | None = None  # the objective recorded for a diverged trial (default: a value worse than any)
 
 
