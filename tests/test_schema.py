@@ -4,6 +4,7 @@ schema and the parser name the same keys, and what the parser refuses by key, ty
 import dataclasses
 import glob
 import json
+import types
 import typing
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_every_shipped_recipe_and_search_file_validates_as_written():
 
 
 def _alternatives(tp) -> list:
-    return [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, typing.types.UnionType) else [tp]
+    return [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
 
 
 def parser_keys(cls: type, key: str = "") -> set[str]:
