@@ -212,7 +212,7 @@ def link_problems(page: Path, text: str) -> list[str]:
 
 # ---- keys -----------------------------------------------------------------------------------------------------------
 
-RECIPE, SEARCH = gen.recipe_schema(), gen.search_schema()
+RECIPE, SEARCH = gen.recipe_keys(), gen.search_keys()
 KEY = r"[a-z_]\w*(?:\.[a-z_]\w*|\[\d+\])+"
 
 
@@ -228,9 +228,9 @@ def dotted_key_problems(span: str) -> list[str]:
     key = match.group(1)
     root = re.split(r"[.\[]", key, maxsplit=1)[0]
     if root in RECIPE.children and root != "base":
-        return [] if gen.is_recipe_key(key) else [f"`{key}`: no such recipe key"]
+        return [] if gen.known_recipe_key(key) else [f"`{key}`: no such recipe key"]
     if root in SEARCH.children:
-        return [] if gen.is_search_key(key) else [f"`{key}`: no such search-file key"]
+        return [] if gen.known_search_key(key) else [f"`{key}`: no such search-file key"]
     return []
 
 
@@ -238,7 +238,7 @@ def set_problems(text: str) -> list[str]:
     """Each `--set KEY=VALUE` of a command names a recipe or search-file key."""
     problems = []
     for key in re.findall(r"--set[ =]([^\s=]+)=", text):
-        if _placeholder(key) or gen.is_recipe_key(key) or gen.is_search_key(key):
+        if _placeholder(key) or gen.known_recipe_key(key) or gen.known_search_key(key):
             continue
         problems.append(f"`--set {key}`: no such recipe or search-file key")
     return problems
@@ -452,7 +452,7 @@ AS_WRITTEN, PLAN, HELP, MAKE_N, COMPILE, SLOW_ONLY = "as written", "twin: --plan
 
 # (the command, how the default suite runs it, how the slow test runs it), first match wins.
 RUNS = [
-    (r"blockforge (inspect|(search|prepare) .*--plan)\b", AS_WRITTEN, AS_WRITTEN),  # nothing is trained: seconds
+    (r"blockforge (inspect|schema|(search|prepare) .*--plan)\b", AS_WRITTEN, AS_WRITTEN),  # nothing is trained: seconds
     (r"blockforge search ", PLAN, AS_WRITTEN),                        # minutes of training (shortened by SHORTER)
     (r"blockforge (train|prepare|eval|analyze|export|generate) ", HELP, AS_WRITTEN),  # trains, or reads what training wrote
     (r"python -c ", COMPILE, AS_WRITTEN),                             # reads a finished search

@@ -7,15 +7,22 @@
 
 `analyze` runs them over run folders, exports and recipes and writes a figure and its JSON per
 measure (the `blockforge analyze` command); `replot` redraws a figure from its JSON.
+
+The names below are imported from their modules when first used (blockforge/lazy.py), so the command line can read
+`defaults` without importing torch.
 """
 
-from blockforge.analysis.measures import (
-    AngularDistance, SkippedLayer, angular_distance, grad_norms, layer_drop, layer_skipped, logged_grad_norms,
-)
-from blockforge.analysis.plots import plot, replot
-from blockforge.analysis.report import analyze
+from blockforge.lazy import exports
+
+_WHERE = {
+    **dict.fromkeys(("AngularDistance", "SkippedLayer", "angular_distance", "grad_norms", "layer_drop", "layer_skipped",
+                     "logged_grad_norms"), "blockforge.analysis.measures"),
+    "plot": "blockforge.analysis.plots", "replot": "blockforge.analysis.plots", "analyze": "blockforge.analysis.report",
+}
 
 __all__ = [
     "AngularDistance", "SkippedLayer", "analyze", "angular_distance", "grad_norms", "layer_drop", "layer_skipped",
     "logged_grad_norms", "plot", "replot",
 ]
+
+__getattr__, __dir__ = exports(__name__, _WHERE)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import blockforge.analysis.measures as measures
+from blockforge.analysis.defaults import DEFAULT_IMAGES, DEFAULT_SEEDS, DEFAULT_TOKENS
 from blockforge.analysis.plots import plot
 from blockforge.analysis.targets import Samples, label_targets, open_target, target_dataset, trained_model, untrained_model
 from blockforge.errors import BlockforgeError
@@ -24,9 +25,6 @@ from blockforge.io import atomic_write_json, writable_folder
 from blockforge.spec import Assignment
 
 RECORD_FORMAT = 1
-DEFAULT_TOKENS = 256 * 1024  # LM tokens for angular distance and layer-drop
-DEFAULT_IMAGES = 1024  # vit images (all their tokens) for the same
-DEFAULT_SEEDS = (0, 1, 2)
 
 
 def _check_settings(paths, out: Path, chosen: dict, tokens, images, seeds, batch_size, grad_batches) -> None:

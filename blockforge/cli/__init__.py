@@ -1,4 +1,4 @@
-"""The `blockforge` command: inspect, prepare, train, eval, generate, analyze, search, export, convert.
+"""The `blockforge` command: inspect, prepare, train, eval, generate, analyze, search, export, convert, schema.
 
 Every subcommand goes through the same load -> resolve -> build path as the Python API; a problem
 with a file, a flag or a path is printed as one sentence and exits with status 2. Each subcommand's
@@ -27,12 +27,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from blockforge import __version__
-    from blockforge.cli import analyze, convert, evaluate, export, generate, inspect, prepare, search, train
+    from blockforge.cli import analyze, convert, evaluate, export, generate, inspect, prepare, schema, search, train
 
     parser = _Parser(prog="blockforge", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"blockforge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for command in (inspect, prepare, train, evaluate, generate, analyze, search, export, convert):
+    for command in (inspect, prepare, train, evaluate, generate, analyze, search, export, convert, schema):
         command.add_parser(sub)
     return parser
 

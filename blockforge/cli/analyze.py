@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockforge.analysis.report import DEFAULT_IMAGES, DEFAULT_SEEDS, DEFAULT_TOKENS
+from blockforge.analysis.defaults import DEFAULT_IMAGES, DEFAULT_SEEDS, DEFAULT_TOKENS
 
 DESCRIPTION = """\
 Measure each layer of one or more targets (run folders, export folders or recipe YAML files) and write,
@@ -80,6 +80,11 @@ def _tables(records: dict) -> list[tuple[str, list[str], list[list]]]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from blockforge.spec import load_recipe
+
+    for target in args.targets:  # recipes among the targets are read, and a bad one refused, before torch is imported
+        if Path(target).is_file():
+            load_recipe(target, args.overrides)
     from blockforge.analysis.report import analyze
     from blockforge.tables import text_table
 

@@ -28,15 +28,17 @@ def human_count(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
     from blockforge.cli.common import load_recipe_with_sets
     from blockforge.spec.family import get_family
+
+    recipe = load_recipe_with_sets(args.recipe, args.overrides)  # a bad recipe is refused before torch is imported
+    spec = recipe.spec
+
     import torch
 
+    from blockforge.nn.build import build_model, layer_parameter_counts, parameter_count
     from blockforge.train.memory import machine_memory
 
-    recipe = load_recipe_with_sets(args.recipe, args.overrides)
-    spec = recipe.spec
     model = build_model(spec, device="meta")  # counts only: nothing is allocated
     per_layer = layer_parameter_counts(model)
     headers, rows = spec.layer_table()

@@ -54,15 +54,13 @@ def _is_search(path: str) -> bool:
 
 def _requests(args: argparse.Namespace) -> tuple[list, str | None]:
     """(sets to prepare as (request, where under --out, what reads it), the search's name or None)."""
-    from blockforge.data.prepare import request_for
-
     if _is_search(args.file):
+        from blockforge.errors import BlockforgeError
         from blockforge.search.config import load_search
+
+        plan = load_search(args.file, args.overrides)  # a bad file is refused before torch is imported
         from blockforge.search.run.datasets import search_sets
 
-        from blockforge.errors import BlockforgeError
-
-        plan = load_search(args.file, args.overrides)
         sets = search_sets(plan, args.tokens)
         if not sets:
             raise BlockforgeError(f"{args.file}: its trials read no text that is not prepared already (data.prepared, or images); "
@@ -74,7 +72,10 @@ def _requests(args: argparse.Namespace) -> tuple[list, str | None]:
         return [(s.request, s.rel, s) for s in sets], plan.name
     from blockforge.cli.common import load_recipe_with_sets
 
-    return [(request_for(load_recipe_with_sets(args.file, args.overrides), args.tokens), "", None)], None
+    recipe = load_recipe_with_sets(args.file, args.overrides)
+    from blockforge.data.prepare import request_for
+
+    return [(request_for(recipe, args.tokens), "", None)], None
 
 
 def run(args: argparse.Namespace) -> int:

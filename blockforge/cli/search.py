@@ -37,13 +37,13 @@ def run(args: argparse.Namespace) -> int:
         raise BlockforgeError("--gpu, --gpus and --mfu describe a compute plan: add --plan")
     if args.plan:
         from blockforge.search.config import load_search
-        from blockforge.search.reports.plan import DEFAULT_MFU, format_plan, search_plan
 
         if args.resume or args.address:
             raise BlockforgeError("--plan runs nothing: drop --resume and --address")
+        plan = load_search(args.file, args.overrides)  # a bad file is refused before torch is imported
+        from blockforge.search.reports.plan import DEFAULT_MFU, format_plan, search_plan
         from blockforge.search.run.datasets import describe_sets
 
-        plan = load_search(args.file, args.overrides)
         print(format_plan(plan, search_plan(plan), gpu=args.gpu, gpus=args.gpus, mfu=DEFAULT_MFU if args.mfu is None else args.mfu,
                           concurrency=args.max_concurrent or plan.max_concurrent))
         for line in describe_sets(plan):

@@ -29,12 +29,12 @@ def resume_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockforge.cli.common import format_metrics
-    from blockforge.cli.common import load_recipe_with_sets
+    from blockforge.cli.common import format_metrics, load_recipe_with_sets
+
+    recipe = load_recipe_with_sets(args.recipe, args.overrides)  # a bad recipe is refused before torch is imported
     from blockforge.train.events import Status
     from blockforge.train.loop import EXIT_DIVERGED, Trainer
 
-    recipe = load_recipe_with_sets(args.recipe, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.recipe).stem
     trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
     result = trainer.run()

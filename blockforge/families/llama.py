@@ -1,19 +1,21 @@
-"""The llama family: a causal language model on text (token embedding, RoPE, SwiGLU, RMSNorm, LM head)."""
+"""The llama family: a causal language model on text (token embedding, RoPE, SwiGLU, RMSNorm, LM head).
+
+The registration is declarations only: the backbone, the loss, the converters and the export formats are named by
+where they live (`lazy`) and imported, with torch, when a model is built, trained or exported.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from blockforge.families.gguf_export import GGUF_FORMAT
-from blockforge.families.hf_export import HF_FORMAT
-from blockforge.families.hf_native import to_hf
-from blockforge.families.llama_hf import from_hf_llama
-from blockforge.data.text import build_text_dataset
 from blockforge.errors import SpecError
-from blockforge.nn.flops import OuterCosts
-from blockforge.nn.llama import Llama
-from blockforge.nn.losses import lm_loss
+from blockforge.lazy import lazy
 from blockforge.spec.family import Family, register_family
+
+if TYPE_CHECKING:
+    import torch
+
+    from blockforge.nn.flops import OuterCosts
 
 
 def check_layer(spec, layer: dict, path: str) -> None:
@@ -22,11 +24,15 @@ def check_layer(spec, layer: dict, path: str) -> None:
 
 
 def dataset(cfg, spec, seed, cache_dir, run_dir):
+    from blockforge.data.text import build_text_dataset
+
     return build_text_dataset(cfg, seq_len=spec.context, vocab=spec.vocab, seed=seed, cache_dir=cache_dir, run_dir=run_dir)
 
 
 def example_batch(spec, batch_size: int, device, dtype=None) -> torch.Tensor:
     """Token rows of context + 1 ids (inputs and next-token targets)."""
+    import torch
+
     return torch.zeros(batch_size, spec.context + 1, dtype=torch.long, device=device)
 
 
@@ -38,6 +44,8 @@ def model_inputs(batch: torch.Tensor, pad_id: int | None):
 
 def outer_costs(model) -> OuterCosts:
     """`context` tokens per sample; the token embedding is a lookup (no FLOPs); the head maps every position to the vocabulary."""
+    from blockforge.nn.flops import OuterCosts
+
     sequence = model.spec.context
     return OuterCosts(sequence=sequence, embedding=model.embed.weight.numel(),
                       forward_flops=2 * sequence * model.head.in_features * model.head.out_features)
@@ -46,6 +54,8 @@ def outer_costs(model) -> OuterCosts:
 LLAMA = register_family(Family(
     name="llama", default_norm="rmsnorm", data_kind="text", required=("vocab", "context"),
     unused=("image_size", "patch_size", "classes"), metrics=("val_loss", "val_ppl"), sample_unit="tok",
-    check_layer=check_layer, build=Llama, loss=lm_loss, dataset=dataset, example_batch=example_batch, model_inputs=model_inputs,
-    outer_costs=outer_costs, converters={"from_hf": from_hf_llama, "to_hf": to_hf}, exports={"hf": HF_FORMAT, "gguf": GGUF_FORMAT},
+    check_layer=check_layer, build=lazy("blockforge.nn.llama:Llama"), loss=lazy("blockforge.nn.losses:lm_loss"), dataset=dataset,
+    example_batch=example_batch, model_inputs=model_inputs, outer_costs=outer_costs,
+    converters={"from_hf": lazy("blockforge.families.llama_hf:from_hf_llama"), "to_hf": lazy("blockforge.families.hf_native:to_hf")},
+    exports={"hf": lazy("blockforge.families.hf_export:HF_FORMAT"), "gguf": lazy("blockforge.families.gguf_export:GGUF_FORMAT")},
 ))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockforge.errors import SpecError
-from blockforge.spec.strict import choice
+from blockforge.spec.strict import bounded, choice
 
 TEXT_SOURCES = ("builtin", "text", "hf")
 IMAGE_SOURCES = ("digits", "fashion-mnist", "image-folder")
@@ -45,7 +45,7 @@ class DataConfig:
     text_field: str = "text"
     streaming: bool = True  # hf: stream instead of downloading the whole set
     tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(bpe=8192))
-    val_fraction: float = 0.05  # documents held out for validation when there is no validation split
+    val_fraction: float = bounded(0.05, above=0, below=1)  # documents held out for validation when there is no validation split
     pack: bool = True  # pack documents into full sequences; false pads/truncates each (the paper's C4 setup)
     bpe_train_chars: int = 20_000_000  # text read to train a BPE tokenizer
     num_workers: int = 0
@@ -68,8 +68,6 @@ class DataConfig:
             raise SpecError("is required for source hf (e.g. allenai/c4)", path=f"{path}.dataset")
         if self.prepared is not None and self.kind != "text":
             raise SpecError(f"holds token rows, and data.source {self.source} is images; leave data.prepared out", path=f"{path}.prepared")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise SpecError(f"must lie in (0, 1), not {self.val_fraction}", path=f"{path}.val_fraction")
 
     @property
     def kind(self) -> str:

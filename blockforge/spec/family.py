@@ -4,8 +4,8 @@ A family (llama, vit, ...) says which ModelSpec fields it needs, its default nor
 trains on and what it reports, and carries the code hooks the rest of blockforge calls: the backbone
 builder, the loss, the dataset builder, an example batch, and its converters to other libraries.
 Nothing outside a family's own registration asks which family a model is. The registrations live in
-`blockforge.families` (they import the modules the hooks need); this module only holds the registry,
-so the spec layer can validate a family's fields without importing torch.
+`blockforge.families`, which `import blockforge` imports; they are declarations (names, fields, defaults) and name the
+hooks that need torch with `blockforge.lazy.lazy`, imported when first used, so a spec is checked without torch.
 
 Adding a family is one `register_family(Family(...))` call: see docs/design.md.
 """
@@ -33,7 +33,7 @@ class Family:
     no_decay: tuple[str, ...] = ()  # parameter names (besides norms and biases) that get no weight decay
     check: Callable[[Any, str], None] | None = None  # extra checks of a ModelSpec: check(spec, path)
     check_layer: Callable[[Any, dict, str], None] | None = None  # check(model spec, resolved layer fields, key path)
-    # Code hooks (set by the registration in blockforge.families):
+    # Code hooks (set by the registration in blockforge.families; those that import torch as lazy("module:name")):
     build: Callable[..., Any] | None = None  # build(resolved spec) -> nn.Module with .layers, .spec, .init_weights(seed)
     loss: Callable[..., Any] | None = None  # loss(model, batch, pad_id) -> (mean loss, samples counted, correct or None)
     dataset: Callable[..., Any] | None = None  # dataset(data config, resolved spec, seed, cache_dir, run_dir) -> dataset
@@ -57,6 +57,11 @@ def register_family(family: Family) -> Family:
         raise ValueError(f"family '{family.name}' is already registered")
     FAMILIES[family.name] = family
     return family
+
+
+def family_names() -> tuple[str, ...]:
+    """The registered families' names: the values `model.family` may take (its field's choices)."""
+    return tuple(FAMILIES)
 
 
 def get_family(name: str, path: str = "model.family") -> Family:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from blockforge.errors import SpecError
+from blockforge.spec.strict import Range
 
 
 
@@ -49,15 +49,17 @@ class LayerField:
     # there into the layer's config (families/hf_export.layer_config). None: used elsewhere (named in its help).
     module: str | None = None
 
+    @property
+    def range(self) -> Range | None:
+        """The values it may take, as the authoring form declares them (checked on parsing, shown to editors)."""
+        if self.minimum is None:
+            return None
+        return Range(low=self.minimum, low_open=not self.zero, or_null=self.nullable)
+
     def check(self, value: Any, path: str) -> None:
         """An authored (or resolved) value of this field."""
-        if value is None or self.minimum is None:
-            return
-        if value < self.minimum or (value == self.minimum and not self.zero):
-            bound = f"{'at least' if self.zero else 'greater than'} {self.minimum:g}"
-            if self.minimum == 0:
-                bound = "zero or more" if self.zero else "greater than zero"
-            raise SpecError(f"must be {bound}, not {value}" + (", or null" if self.nullable else ""), path=path)
+        if self.range is not None:
+            self.range.check(value, path)
 
 
 def make_divisible(value: float, divisor: int) -> int:

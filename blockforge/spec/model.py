@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockforge.errors import SpecError, unknown_choice_message
-from blockforge.spec.family import get_family
+from blockforge.spec.family import family_names, get_family
 from blockforge.spec.fields import LAYER_FIELDS, NORMS, LayerField, layer_field, rampable
-from blockforge.spec.placements import PLACEMENTS
-from blockforge.spec.strict import UNSET, canonical, choice, stable_hash
+from blockforge.spec.placements import PLACEMENTS, placement_names
+from blockforge.spec.strict import UNSET, bounded, canonical, check_ranges, choice, stable_hash
 
 SPEC_FORMAT = 2  # 2: per-layer kv_heads, head_dim, window, norm, qk/v norm, layer scale, sub-layer placements, biases
 MAX_DEPTH = 4096  # a guard against typos that would resolve billions of layers
@@ -26,33 +26,21 @@ def _check_placement(name: str | None, path: str) -> None:
         raise SpecError(unknown_choice_message(name, PLACEMENTS), path=path)
 
 
-def _check_positive(value: float | int | None, path: str, *, allow_zero: bool = False) -> None:
-    if value is None or value is UNSET:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "greater than zero"
-        raise SpecError(f"must be {bound}, not {value}", path=path)
-
-
 @dataclass(kw_only=True)
 class SubLayerPlacements:
     """Different placements for the two sub-layers of a block (HybridNorm: {attn: none, mlp: post})."""
 
-    attn: str = field(metadata={"help": "the attention sub-layer's placement"})
-    mlp: str = field(metadata={"help": "the MLP sub-layer's placement"})
+    attn: str = field(metadata={"help": "the attention sub-layer's placement", "choices": placement_names})
+    mlp: str = field(metadata={"help": "the MLP sub-layer's placement", "choices": placement_names})
 
     def check(self, path: str) -> None:
         _check_placement(self.attn, f"{path}.attn")
         _check_placement(self.mlp, f"{path}.mlp")
 
 
-def _settings_check(self, path: str) -> None:
+def _settings_check(self, path: str) -> None:  # each field's range is its declaration's (LayerField.range), checked on parsing
     if isinstance(self.placement, str):
         _check_placement(self.placement, f"{path}.placement")
-    for f in LAYER_FIELDS:
-        value = getattr(self, f.name)
-        if value is not UNSET:
-            f.check(value, f"{path}.{f.name}")
 
 
 def _settings_assigned(self) -> dict:
@@ -68,13 +56,14 @@ def _settings_assigned(self) -> dict:
 def _authored_field(f: LayerField) -> tuple:
     """A declared field in the authoring form: optional; unset is None, or UNSET where null is a value of its own."""
     default = UNSET if f.nullable else None
-    metadata = {"help": f.help, **({"choices": f.choices} if f.choices else {})}
+    metadata = {"help": f.help, **({"choices": f.choices} if f.choices else {}), **({"range": f.range} if f.range else {})}
     return f.name, f.kind | None, field(default=default, metadata=metadata)
 
 
 # Per-layer fields (spec/fields.py declares them); unset fields keep what earlier rules gave the layer.
 LayerSettings = dataclasses.make_dataclass(
-    "LayerSettings", [("placement", str | SubLayerPlacements | None, field(default=None)), *map(_authored_field, LAYER_FIELDS)],
+    "LayerSettings", [("placement", str | SubLayerPlacements | None, field(default=None, metadata={"choices": placement_names})),
+                      *map(_authored_field, LAYER_FIELDS)],
     namespace={"check": _settings_check, "assigned": _settings_assigned, "__module__": __name__,
                "__doc__": "Per-layer fields (spec/fields.py); unset fields keep what earlier rules gave the layer."},
     kw_only=True,
@@ -97,13 +86,12 @@ class MixLN:
     """`early` on the first floor(alpha * depth) layers, `late` on the rest: a placement name (Post-LN and
     Pre-LN by default) or any per-layer settings."""
 
-    alpha: float = field(metadata={"help": "the fraction of early layers, in [0, 1]"})
-    early: str | LayerSettings = "post"
-    late: str | LayerSettings = "pre"
+    alpha: float = bounded(at_least=0, at_most=1, help="the fraction of early layers, in [0, 1]")
+    early: str | LayerSettings = field(default="post", metadata={"choices": placement_names})
+    late: str | LayerSettings = field(default="pre", metadata={"choices": placement_names})
 
     def check(self, path: str) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise SpecError(f"must lie in [0, 1], not {self.alpha}", path=f"{path}.alpha")
+        check_ranges(self, path)  # also for a rule built in code (a search checks its alpha values so)
         for key in ("early", "late"):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -148,13 +136,11 @@ Ramp = dataclasses.make_dataclass(
 class Pattern:
     """Settings for every `every`-th layer from `offset` (0-based): layers i with i % every == offset."""
 
-    every: int = field(metadata={"help": "the period in layers, e.g. 6"})
+    every: int = bounded(at_least=1, help="the period in layers, e.g. 6")
     offset: int = 0
     set: LayerSettings = field(metadata={"help": "the per-layer settings the chosen layers get"})
 
     def check(self, path: str) -> None:
-        if self.every < 1:
-            raise SpecError(f"must be at least 1, not {self.every}", path=f"{path}.every")
         if not 0 <= self.offset < self.every:
             raise SpecError(f"must lie in [0, every) = [0, {self.every}), not {self.offset}", path=f"{path}.offset")
         if not self.set.assigned():
@@ -174,59 +160,54 @@ class LayerRules:
 
 @dataclass(kw_only=True)
 class ModelSpec:
-    family: str = field(metadata={"help": "the model family, e.g. llama or vit"})
-    width: int = field(metadata={"help": "the model dimension"})
-    depth: int = field(metadata={"help": "the number of blocks"})
-    heads: int | None = None
-    head_dim: int | None = None  # alone: heads = width / head_dim; with heads: the per-head width (may differ from width / heads)
-    kv_heads: int | None = None  # key/value heads of every layer (grouped-query attention); default: heads
-    ffn: int | None = None
-    ffn_mult: float | None = None
-    ffn_multiple_of: int = 1
+    family: str = field(metadata={"help": "the model family, e.g. llama or vit", "choices": family_names})
+    width: int = bounded(above=0, help="the model dimension")
+    depth: int = bounded(above=0, help="the number of blocks")
+    heads: int | None = bounded(None, above=0)
+    head_dim: int | None = bounded(None, above=0)  # alone: heads = width / head_dim; with heads: the per-head width (may differ from width / heads)
+    kv_heads: int | None = bounded(None, above=0)  # key/value heads of every layer (grouped-query attention); default: heads
+    ffn: int | None = bounded(None, above=0)
+    ffn_mult: float | None = bounded(None, above=0)
+    ffn_multiple_of: int = bounded(1, above=0)
     norm: str | None = choice(*NORMS, default=None)  # None: the family's default norm
-    norm_eps: float = 1e-6
-    dyt_alpha: float = 0.5  # the initial alpha of DyT norms (tanh(alpha x))
+    norm_eps: float = bounded(1e-6, above=0)
+    dyt_alpha: float = bounded(0.5, above=0)  # the initial alpha of DyT norms (tanh(alpha x))
     final_norm: bool = True
     tie_embeddings: bool = False
     qkv_bias: bool | None = None  # biases on q, k, v (default: the family's: llama none, vit all)
     proj_bias: bool | None = None  # a bias on the attention output projection
     mlp_bias: bool | None = None  # biases in the MLP
     attention: str = choice("sdpa", "eager", "xformers", default="sdpa")
-    rope_theta: float = 10000.0
+    rope_theta: float = bounded(10000.0, above=0)
     rope_scaling: RopeScaling | None = None
-    init_std: float = 0.02
-    embed_init_std: float = 0.02
+    init_std: float = bounded(0.02, at_least=0)
+    embed_init_std: float = bounded(0.02, at_least=0)
     # standard | mup (width: needs base_width) | completep (depth: needs base_depth; and width too with base_width)
     parametrization: str = choice("standard", "mup", "completep", default="standard")
-    base_depth: int | None = None  # completep: the depth whose hyperparameters transfer
-    depth_alpha: float = 1.0  # completep: branches scaled by (depth / base_depth)^-depth_alpha, in [0.5, 1]
-    base_width: int | None = None  # mup, completep: the width whose hyperparameters transfer (ignored under standard)
+    base_depth: int | None = bounded(None, above=0)  # completep: the depth whose hyperparameters transfer
+    depth_alpha: float = bounded(1.0, at_least=0.5, at_most=1)  # completep: branches scaled by (depth / base_depth)^-depth_alpha, in [0.5, 1]
+    base_width: int | None = bounded(None, above=0)  # mup, completep: the width whose hyperparameters transfer (ignored under standard)
     attention_scale: str = choice("sqrt", "inverse", default="sqrt")  # scores / sqrt(head_dim), or muP's 1/head_dim (see ResolvedSpec)
     # multipliers and caps of other open decoders (Gemma, Granite)
     norm_weight_offset: float = 0.0  # RMSNorm gains used as offset + weight (Gemma: 1, its weights stored as w in (1 + w))
-    embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(width); Granite: embedding_multiplier)
-    residual_multiplier: float = 1.0  # every branch's output times this (Granite)
-    logit_multiplier: float = 1.0  # the logits times this (Granite: 1 / logits_scaling)
-    logit_softcap: float | None = None  # logits c * tanh(logits / c) (Gemma 2's final_logit_softcapping)
+    embed_scale: float = bounded(1.0, above=0)  # token embeddings times this (Gemma: sqrt(width); Granite: embedding_multiplier)
+    residual_multiplier: float = bounded(1.0, above=0)  # every branch's output times this (Granite)
+    logit_multiplier: float = bounded(1.0, above=0)  # the logits times this (Granite: 1 / logits_scaling)
+    logit_softcap: float | None = bounded(None, above=0)  # logits c * tanh(logits / c) (Gemma 2's final_logit_softcapping)
     # llama
-    vocab: int | None = None
-    context: int | None = None
+    vocab: int | None = bounded(None, above=0)
+    context: int | None = bounded(None, above=0)
     # vit
-    image_size: int | None = None
-    patch_size: int | None = None
-    channels: int = 3
-    classes: int | None = None
+    image_size: int | None = bounded(None, above=0)
+    patch_size: int | None = bounded(None, above=0)
+    channels: int = bounded(3, above=0)
+    classes: int | None = bounded(None, above=0)
     layers: LayerRules = field(default_factory=LayerRules)
 
     def check(self, path: str) -> None:
         def at(key: str) -> str:
             return f"{path}.{key}" if path else key
 
-        for key in ("width", "depth", "heads", "head_dim", "kv_heads", "ffn", "ffn_mult", "ffn_multiple_of", "norm_eps", "dyt_alpha",
-                    "rope_theta", "vocab", "context", "image_size", "patch_size", "channels", "classes"):
-            _check_positive(getattr(self, key), at(key))
-        _check_positive(self.init_std, at("init_std"), allow_zero=True)
-        _check_positive(self.embed_init_std, at("embed_init_std"), allow_zero=True)
         if self.depth > MAX_DEPTH:
             raise SpecError(f"must be at most {MAX_DEPTH}, not {self.depth}", path=at("depth"))
         if self.heads is None and self.head_dim is None:
@@ -240,19 +221,13 @@ class ModelSpec:
         if self.attention_scale == "inverse" and (self.base_width is None or self.parametrization == "standard"):
             raise SpecError("inverse (muP's 1/head_dim) is relative to a base width: set parametrization mup or completep with base_width",
                             path=at("attention_scale"))
-        _check_positive(self.base_depth, at("base_depth"))
-        _check_positive(self.base_width, at("base_width"))
-        for key in ("embed_scale", "residual_multiplier", "logit_multiplier", "logit_softcap"):
-            _check_positive(getattr(self, key), at(key))
         if self.norm_weight_offset != 0.0 and self.norm not in (None, "rmsnorm"):
             raise SpecError(f"offsets RMSNorm gains only, and this model's norm is {self.norm}; set it to 0 or use rmsnorm", path=at("norm_weight_offset"))
-        if not 0.5 <= self.depth_alpha <= 1.0:
-            raise SpecError(f"must lie in [0.5, 1], not {self.depth_alpha}", path=at("depth_alpha"))
         if self.ffn is not None and self.ffn_mult is not None:
             raise SpecError("give ffn or ffn_mult, not both", path=at("ffn_mult"))
         if self.ffn is None and self.ffn_mult is None:
             raise SpecError("is required: give ffn (hidden width) or ffn_mult (times width)", path=at("ffn"))
-        family = get_family(self.family, at("family"))
+        family = get_family(self.family, at("family"))  # a family registered after parsing, or a spec built in code
         for key in family.required:
             if getattr(self, key) is None:
                 raise SpecError(f"is required for family {self.family}", path=at(key))
@@ -274,14 +249,12 @@ class RopeScaling:
     """Llama-3's RoPE frequency scaling ("llama3"): long wavelengths stretched by `factor`, short ones kept."""
 
     type: str = choice("llama3")
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_context: int = 8192
+    factor: float = bounded(8.0, above=0)
+    low_freq_factor: float = bounded(1.0, above=0)
+    high_freq_factor: float = bounded(4.0, above=0)
+    original_context: int = bounded(8192, above=0)
 
     def check(self, path: str) -> None:
-        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_context"):
-            _check_positive(getattr(self, key), f"{path}.{key}")
         if self.high_freq_factor <= self.low_freq_factor:
             raise SpecError(f"must be above low_freq_factor {self.low_freq_factor}, not {self.high_freq_factor}", path=f"{path}.high_freq_factor")
 

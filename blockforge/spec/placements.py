@@ -47,6 +47,11 @@ def register_placement(placement: Placement) -> Placement:
     return placement
 
 
+def placement_names() -> tuple[str, ...]:
+    """The registered placements' names: the values a layer's `placement` may take (its field's choices)."""
+    return tuple(PLACEMENTS)
+
+
 def get_placement(name: str) -> Placement:
     try:
         return PLACEMENTS[name]

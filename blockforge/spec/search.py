@@ -11,8 +11,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockforge.errors import SpecError, unknown_choice_message, unknown_key_message
-from blockforge.spec.strict import choice
+from blockforge.errors import SpecError, unknown_key_message
+from blockforge.spec.strict import bounded, choice
 from blockforge.spec.tracking import Tracking
 
 METRICS = {"val_loss": "min", "val_ppl": "min", "train_loss": "min", "val_acc": "max"}
@@ -24,11 +24,6 @@ COSTS = {**dict.fromkeys(COMPUTED_COSTS, "min"), **dict.fromkeys(MEASURED_COSTS,
 SEED_KEY = "train.seed"  # the training seed: confirmation's replicates vary it
 LR_KEY = "train.lr"  # the learning rate: confirm.lr varies it
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # a search's name is a folder name: runs/search-<name>
-
-
-def _at_least(value: float | None, low: float, path: str) -> None:
-    if value is not None and value < low:
-        raise SpecError(f"must be {'zero or more' if low == 0 else f'at least {low}'}, not {value}", path=path)
 
 
 @dataclass(kw_only=True)
@@ -46,14 +41,12 @@ class ObjectiveEntry:
     """One objective of a search with a cost axis: a metric the trials report, or a cost (blockforge.search.costs)."""
 
     metric: str | None = choice(*METRICS, default=None)
-    cost: str | None = None
+    cost: str | None = field(default=None, metadata={"choices": tuple(COSTS)})
     mode: str | None = choice("min", "max", default=None)  # default: the metric's or cost's natural direction
 
     def check(self, path: str) -> None:
         if (self.metric is None) == (self.cost is None):
             raise SpecError("give metric (e.g. val_loss) or cost (e.g. kv_cache_bytes), one of them", path=path)
-        if self.cost is not None and self.cost not in COSTS:
-            raise SpecError(unknown_choice_message(self.cost, COSTS), path=f"{path}.cost")
         if self.mode is None:
             self.mode = METRICS[self.metric] if self.metric is not None else COSTS[self.cost]
 
@@ -76,20 +69,12 @@ class Bound:
 
 @dataclass(kw_only=True)
 class Asha:
-    grace_steps: int = 50
-    reduction_factor: float = 3.0
+    grace_steps: int = bounded(50, at_least=1)
+    reduction_factor: float = bounded(3.0, above=1)
     # A trial is stopped at a rung only when behind the rung's cutoff by more than the largest margin by which
     # full-budget curves of its cell (same seed) were overtaken there, and by more than `margin` (in the
     # objective's units). Without `margin`, nothing is stopped until two full-budget curves can be compared.
-    margin: float | None = None
-
-    def check(self, path: str) -> None:
-        if self.margin is not None and not (math.isfinite(self.margin) and self.margin >= 0):
-            raise SpecError(f"must be zero or more (in the objective's units), not {self.margin}", path=f"{path}.margin")
-        if self.grace_steps < 1:
-            raise SpecError(f"must be at least 1, not {self.grace_steps}", path=f"{path}.grace_steps")
-        if self.reduction_factor <= 1:
-            raise SpecError(f"must be greater than 1, not {self.reduction_factor}", path=f"{path}.reduction_factor")
+    margin: float | None = bounded(None, at_least=0, note="in the objective's units")
 
 
 @dataclass(kw_only=True)
@@ -99,12 +84,8 @@ class Scheduler:
 
 @dataclass(kw_only=True)
 class SeededSampler:
-    seed: int = 0
-    startup_trials: int = 3  # tpe only: random trials (baselines included) before the model takes over
-
-    def check(self, path: str) -> None:
-        _at_least(self.seed, 0, f"{path}.seed")
-        _at_least(self.startup_trials, 0, f"{path}.startup_trials")
+    seed: int = bounded(0, at_least=0)
+    startup_trials: int = bounded(3, at_least=0)  # tpe only: random trials (baselines included) before the model takes over
 
 
 @dataclass(kw_only=True)
@@ -125,29 +106,20 @@ class Sampler:
 
 @dataclass(kw_only=True)
 class Divergence:
-    max_loss: float | None = None  # the training loss ceiling after warmup (train.divergence.max_loss)
+    # the training loss ceiling after warmup (train.divergence.max_loss)
+    max_loss: float | None = bounded(None, above=0, why="is a training-loss ceiling and ")
     penalty: float | None = None  # the objective recorded for a diverged trial (default: a value worse than any)
-
-    def check(self, path: str) -> None:
-        if self.max_loss is not None and self.max_loss <= 0:
-            raise SpecError(f"is a training-loss ceiling and must be greater than zero, not {self.max_loss}", path=f"{path}.max_loss")
 
 
 @dataclass(kw_only=True)
 class Resources:
-    cpu: float = 1.0
-    gpu: float = 0.0
-    workers: int | None = None  # data-parallel processes per trial (default: one per GPU, at least one)
+    cpu: float = bounded(1.0, above=0)
+    gpu: float = bounded(0.0, at_least=0)
+    workers: int | None = bounded(None, at_least=1)  # data-parallel processes per trial (default: one per GPU, at least one)
 
     def check(self, path: str) -> None:
-        if self.cpu <= 0:
-            raise SpecError(f"must be greater than zero, not {self.cpu}", path=f"{path}.cpu")
-        if self.gpu < 0:
-            raise SpecError(f"must be zero or more, not {self.gpu}", path=f"{path}.gpu")
         if self.gpu > 1 and self.gpu != int(self.gpu):
             raise SpecError(f"a trial uses part of one GPU or whole GPUs; {self.gpu:g} is neither: use a fraction below 1 or {int(self.gpu)}", path=f"{path}.gpu")
-        if self.workers is not None and self.workers < 1:
-            raise SpecError(f"must be at least 1, not {self.workers}", path=f"{path}.workers")
         if self.gpu == 0 and self.data_parallel > self.cpu:
             raise SpecError(f"{self.data_parallel} worker processes need at least {self.data_parallel} CPUs; set cpu to {self.data_parallel} or lower workers", path=f"{path}.workers")
         if self.gpu > 1 and self.workers is not None and self.workers != int(self.gpu):
@@ -205,7 +177,7 @@ class StabilityCheck:
 
     lr_max: float = field(metadata={"help": "the highest learning rate probed, above the search's, e.g. 0.1"})
     resolution: float = 1.25
-    steps: int | None = None
+    steps: int | None = bounded(None, at_least=1, note="a probe's steps, at most the cell's own")
     warmup: list[float] | None = None
     predict: list[dict[str, Any]] = field(default_factory=list)
 
@@ -233,30 +205,25 @@ class LrCurve:
     the stability law says the recipe's learning rate is, or is not, stable at. train/stability.py says what an unstable
     run is. `confirm.lr` ({grid}) and `confirm.stability` ({lr_max, ...}) ask for this same curve."""
 
-    lr_max: float = field(metadata={"help": "the highest learning rate probed, above the search's, e.g. 0.1"})
-    lr_min: float | None = None
-    step: float = 2.0
-    resolution: float = 1.25
-    below: int = 2
-    steps: int | None = None
+    lr_max: float = bounded(above=0, at_most=1000, why="is a learning rate and ", help="the highest learning rate probed, above the search's, e.g. 0.1")
+    lr_min: float | None = bounded(None, above=0, at_most=1000, why="is a learning rate and ", note="default: one coarse step below the search's")
+    step: float = bounded(2.0, above=1, at_most=10, why="is the factor between the curve's coarse learning rates and ")
+    resolution: float = bounded(1.25, above=1, why="is the factor the edge is found within and ", note="and at most step")
+    below: int = bounded(2, at_least=0, at_most=8, why="is how many coarse steps the curve may grow below lr_min and ")
+    steps: int | None = bounded(None, at_least=1, note="a probe's steps, at most the cell's own")
     warmup: list[float] | None = None
     predict: list[dict[str, Any]] = field(default_factory=list)
 
     def check(self, path: str) -> None:
-        for key in ("lr_max", "lr_min"):
+        for key in ("lr_max", "lr_min", "step", "resolution"):
             value = getattr(self, key)
-            if value is not None and not (math.isfinite(value) and 0 < value <= 1e3):
-                raise SpecError(f"must be a learning rate above 0 and at most 1000, not {value}", path=f"{path}.{key}")
+            if value is not None and not math.isfinite(value):
+                raise SpecError(f"must be a finite number, not {value}", path=f"{path}.{key}")
         if self.lr_min is not None and not self.lr_min < self.lr_max:
             raise SpecError(f"must lie below lr_max {self.lr_max:g}, not {self.lr_min:g}", path=f"{path}.lr_min")
-        if not (math.isfinite(self.step) and 1 < self.step <= 10):
-            raise SpecError(f"is the factor between the curve's coarse learning rates, above 1 and at most 10 (e.g. 2), not {self.step}",
-                            path=f"{path}.step")
-        if not (math.isfinite(self.resolution) and 1 < self.resolution <= self.step):
-            raise SpecError(f"is the factor the edge is found within, above 1 and at most step ({self.step:g}), e.g. 1.25; not "
-                            f"{self.resolution}", path=f"{path}.resolution")
-        if not 0 <= self.below <= 8:
-            raise SpecError(f"is how many coarse steps the curve may grow below lr_min, 0 to 8, not {self.below}", path=f"{path}.below")
+        if not self.resolution <= self.step:
+            raise SpecError(f"is the factor the edge is found within: at most step ({self.step:g}), e.g. 1.25; not {self.resolution}",
+                            path=f"{path}.resolution")
         _probe_settings(self.steps, self.warmup, self.predict, path)
 
     def grid(self, low: float) -> "CurveGrid":
@@ -382,8 +349,8 @@ class Confirm:
     reference) until their interval excludes zero or `max_seeds` further seeds are spent. With `lr`, the
     finalists and the reference are also trained over a grid of learning rates."""
 
-    top: int = 2
-    seeds: int = 2
+    top: int = bounded(2, at_least=1)
+    seeds: int = bounded(2, at_least=1, note="one more seed gives two replicates")
     max_seeds: int | None = None
     lr: LrGrid | None = None
     length: LengthCheck | None = None
@@ -395,10 +362,6 @@ class Confirm:
             given = "confirm.lr" if self.lr is not None else "confirm.stability"
             raise SpecError(f"asks for the same learning-rate curve as {given}; give one of them (lr_curve takes lr_min, lr_max, step, "
                             "resolution, below, steps, warmup and predict)", path=f"{path}.lr_curve")
-        if self.top < 1:
-            raise SpecError(f"must be at least 1, not {self.top}", path=f"{path}.top")
-        if self.seeds < 1:
-            raise SpecError(f"must be at least 1 (one more seed gives two replicates), not {self.seeds}", path=f"{path}.seeds")
         if self.max_seeds is not None and self.max_seeds < self.seeds:
             raise SpecError(f"must be at least seeds ({self.seeds}), not {self.max_seeds}", path=f"{path}.max_seeds")
 
@@ -409,37 +372,34 @@ class Transfer:
     Mix-LN k, `neighbours` k on each side and Pre-LN, with `seeds` paired seeds each at the full budget."""
 
     to: list[dict[str, Any]] = field(metadata={"help": "target cells, e.g. [{model.width: 256, model.depth: 24}]"})
-    seeds: int = 3
-    neighbours: int = 1
+    seeds: int = bounded(3, at_least=2, note="a paired interval needs two seeds")
+    neighbours: int = bounded(1, at_least=0)
     resources: Resources | None = None  # per target trial (default: the search's)
 
     def check(self, path: str) -> None:
         if not self.to:
             raise SpecError("lists no target; give e.g. to: [{model.width: 256, model.depth: 24}]", path=f"{path}.to")
-        if self.seeds < 2:
-            raise SpecError(f"must be at least 2 (a paired interval needs two seeds), not {self.seeds}", path=f"{path}.seeds")
-        _at_least(self.neighbours, 0, f"{path}.neighbours")
 
 
 @dataclass(kw_only=True)
 class SearchFile:
     base: str = field(metadata={"help": "the base recipe, relative to the search file"})
     name: str | None = None
-    steps: int | None = None  # the step budget of a full trial (sets train.steps)
+    steps: int | None = bounded(None, at_least=1)  # the step budget of a full trial (sets train.steps)
     overrides: dict[str, Any] = field(default_factory=dict)
     cells: dict[str, list[Any]] = field(default_factory=dict)
     space: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
-    trials_per_cell: int | None = None  # trials trained per cell (duplicates are free); default 8, or the grid size
+    trials_per_cell: int | None = bounded(None, at_least=1)  # trials trained per cell (duplicates are free); default 8, or the grid size
     objective: Objective = field(default_factory=Objective)
     scheduler: Scheduler | None = None
     sampler: Sampler = field(default_factory=lambda: Sampler(tpe=SeededSampler()))
     divergence: Divergence = field(default_factory=Divergence)
     resources: Resources = field(default_factory=Resources)
-    max_concurrent: int | None = None
+    max_concurrent: int | None = bounded(None, at_least=1)
     # Whole checkpoints (with optimizer state) each trial keeps, the newest first; default: its final weights, and its newest
     # checkpoint only while a later stage may continue it
-    keep_checkpoints: int | None = None
+    keep_checkpoints: int | None = bounded(None, at_least=1)
     confirm: Confirm | None = None
     transfer: Transfer | None = None
     guide: Guide | None = None
@@ -454,10 +414,6 @@ class SearchFile:
             raise SpecError(
                 f"{self.name!r} cannot name a folder; use letters, digits and . _ = + - (up to 100, no '..', no '/')", path="name",
             )
-        _at_least(self.steps, 1, "steps")
-        _at_least(self.trials_per_cell, 1, "trials_per_cell")
-        _at_least(self.max_concurrent, 1, "max_concurrent")
-        _at_least(self.keep_checkpoints, 1, "keep_checkpoints")
         if self.confirm is not None:
             self._check_confirm()
 

@@ -34,6 +34,66 @@ def choice(*allowed: str, default: Any = dataclasses.MISSING, help: str | None =
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def choices_of(field: dataclasses.Field) -> tuple[str, ...] | None:
+    """The values a string field may take: its `choices`, a tuple or a function of none that names a registry's current
+    entries (the families, the placements), so that one registered later is a choice too."""
+    allowed = field.metadata.get("choices")
+    return tuple(allowed()) if callable(allowed) else allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a field may hold, declared once on the field (`bounded`): the parser refuses a value outside it in one
+    sentence, and the JSON Schemas editors read (blockforge/schema.py) carry it as minimum and maximum."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # `low` itself is outside
+    high_open: bool = False
+    why: str = ""  # what the value is, said before the bound: "is a fraction of the steps and "
+    note: str = ""  # said after the bound, in parentheses: "one more seed gives two replicates"
+    or_null: bool = False  # null is a value of the field too, and the sentence says so
+
+    def says(self) -> str:
+        """'lie in [0, 1)', 'be greater than zero', 'be at least 1', ..."""
+        if self.low is not None and self.high is not None:
+            return f"lie in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            if self.low == 0:
+                return "be greater than zero" if self.low_open else "be zero or more"
+            return f"be {'greater than' if self.low_open else 'at least'} {self.low:g}"
+        return f"be {'below' if self.high_open else 'at most'} {self.high:g}"
+
+    def holds(self, value: float) -> bool:
+        low_ok = self.low is None or value > self.low or (value == self.low and not self.low_open)
+        return low_ok and (self.high is None or value < self.high or (value == self.high and not self.high_open))
+
+    def check(self, value: Any, path: str) -> None:
+        if value is None or value is UNSET or self.holds(value):
+            return
+        note = f" ({self.note})" if self.note else ""
+        raise SpecError(f"{self.why}must {self.says()}{note}, not {value}" + (", or null" if self.or_null else ""), path=path)
+
+
+def bounded(default: Any = dataclasses.MISSING, *, above: float | None = None, at_least: float | None = None,
+            below: float | None = None, at_most: float | None = None, why: str = "", note: str = "", help: str | None = None) -> Any:
+    """A number field with a declared Range: `steps: int = bounded(1000, above=0)`, `alpha: float = bounded(at_least=0,
+    at_most=1, help=...)` (no default: required). `why` and `note` keep a sentence of its own for the refusal."""
+    rng = Range(low=above if above is not None else at_least, high=below if below is not None else at_most,
+                low_open=above is not None, high_open=below is not None, why=why, note=note)
+    return dataclasses.field(default=default, metadata={"range": rng, **({"help": help} if help else {})})
+
+
+def check_ranges(instance: Any, path: str) -> None:
+    """Refuse the first field of a dataclass instance whose value lies outside its declared Range."""
+    if not dataclasses.is_dataclass(instance):
+        return
+    for field in dataclasses.fields(instance):
+        rng = field.metadata.get("range")
+        if rng is not None:
+            rng.check(getattr(instance, field.name), _join(path, field.name))
+
+
 def describe_type(tp: Any, plural: bool = False) -> str:
     """How an error names what `tp` accepts: 'an integer', 'a list of strings' (`plural`: 'integers')."""
     origin = typing.get_origin(tp)
@@ -152,7 +212,7 @@ def parse(cls: type, data: Any, path: str = "") -> Any:
     kwargs = {}
     for name, field in fields.items():
         if name in data:
-            kwargs[name] = parse_value(hints[name], data[name], _join(path, name), field.metadata.get("choices"))
+            kwargs[name] = parse_value(hints[name], data[name], _join(path, name), choices_of(field))
         elif field.default_factory is not dataclasses.MISSING:
             kwargs[name] = _checked(field.default_factory(), _join(path, name))  # defaults fill in like written values
         elif field.default is dataclasses.MISSING:
@@ -161,6 +221,7 @@ def parse(cls: type, data: Any, path: str = "") -> Any:
 
 
 def _checked(instance: Any, path: str) -> Any:
+    check_ranges(instance, path)
     check = getattr(instance, "check", None)
     if check is not None:
         check(path)

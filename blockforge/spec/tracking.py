@@ -13,14 +13,11 @@ REPORTERS = ("wandb", "mlflow", "tensorboard")
 
 @dataclass(kw_only=True)
 class Tracking:
-    report_to: list[str] = field(default_factory=list)  # wandb, mlflow, tensorboard (any of them); empty: none
+    report_to: list[str] = field(default_factory=list, metadata={"choices": REPORTERS})  # wandb, mlflow, tensorboard (any of them); empty: none
     project: str | None = None  # the W&B project and the MLflow experiment; default: the search's name (a single run's: blockforge)
     entity: str | None = None  # the W&B entity (a team or user); default: WANDB_ENTITY, else the key's own
 
     def check(self, path: str) -> None:
-        for i, name in enumerate(self.report_to):
-            if name not in REPORTERS:
-                raise SpecError(unknown_choice_message(name, REPORTERS), path=f"{path}.report_to[{i}]")
         if len(set(self.report_to)) != len(self.report_to):
             raise SpecError("names a tracker twice", path=f"{path}.report_to")
         for key in ("project", "entity"):

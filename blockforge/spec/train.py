@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockforge.errors import SpecError
-from blockforge.spec.strict import choice
+from blockforge.spec.strict import bounded, choice
 
 
 @dataclass(kw_only=True)
@@ -26,24 +26,24 @@ class TrainConfig:
                                "grad_norm_every", "checkpoint_every", "device", "precision", "parallel", "compile",
                                "activation_checkpointing", "tensorboard", "divergence"})
 
-    steps: int = 1000
-    batch_size: int = 32  # sequences (or images) per optimizer step
-    micro_batch_size: int | None = None  # per forward pass; gradients are accumulated to batch_size
-    lr: float = 1e-3
-    warmup: float = 0.1  # fraction of steps with a linear warmup
+    steps: int = bounded(1000, above=0)
+    batch_size: int = bounded(32, above=0)  # sequences (or images) per optimizer step
+    micro_batch_size: int | None = bounded(None, above=0)  # per forward pass; gradients are accumulated to batch_size
+    lr: float = bounded(1e-3, above=0)
+    warmup: float = bounded(0.1, at_least=0, below=1, why="is a fraction of the steps and ")  # fraction of steps with a linear warmup
     schedule: str = choice("cosine", "linear", "constant", default="cosine")
-    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
+    min_lr_ratio: float = bounded(0.1, at_least=0, at_most=1)  # the schedule ends at lr * min_lr_ratio
     optimizer: str = choice("adam", "adamw", default="adam")
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, at_least=0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
+    eps: float = bounded(1e-8, above=0)
+    grad_clip: float = bounded(0.0, at_least=0)  # max global grad norm; 0 disables clipping
     seed: int = 0
-    eval_every: int = 0  # steps between evaluations; 0 evaluates only at the end
-    eval_batches: int = 16  # micro-batches per evaluation
-    log_every: int = 10
-    grad_norm_every: int = 50  # per-layer gradient norms in metrics.jsonl; 0 disables them
-    checkpoint_every: int = 100  # 0 writes a checkpoint only at the end
+    eval_every: int = bounded(0, at_least=0)  # steps between evaluations; 0 evaluates only at the end
+    eval_batches: int = bounded(16, above=0)  # micro-batches per evaluation
+    log_every: int = bounded(10, above=0)
+    grad_norm_every: int = bounded(50, at_least=0)  # per-layer gradient norms in metrics.jsonl; 0 disables them
+    checkpoint_every: int = bounded(100, at_least=0)  # 0 writes a checkpoint only at the end
     device: str = choice("auto", "cpu", "cuda", default="auto")
     precision: str = choice("auto", "fp32", "bf16", default="auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     parallel: str = choice("ddp", "fsdp", default="ddp")  # under torchrun: replicate (DDP) or shard (FSDP2) the model
@@ -53,17 +53,6 @@ class TrainConfig:
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
     def check(self, path: str) -> None:
-        for key in ("steps", "batch_size", "micro_batch_size", "lr", "eps", "eval_batches", "log_every"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise SpecError(f"must be greater than zero, not {value}", path=f"{path}.{key}")
-        for key in ("eval_every", "grad_norm_every", "checkpoint_every", "weight_decay", "grad_clip"):
-            if getattr(self, key) < 0:
-                raise SpecError(f"must be zero or more, not {getattr(self, key)}", path=f"{path}.{key}")
-        if not 0.0 <= self.warmup < 1.0:
-            raise SpecError(f"is a fraction of the steps and must lie in [0, 1), not {self.warmup}", path=f"{path}.warmup")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise SpecError(f"must lie in [0, 1], not {self.min_lr_ratio}", path=f"{path}.min_lr_ratio")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise SpecError(f"must be two numbers in [0, 1), not {self.betas}", path=f"{path}.betas")
         micro = self.micro_batch_size or self.batch_size
