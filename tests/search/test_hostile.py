@@ -80,6 +80,9 @@ CASES = {
     "name with a slash": ({"name": "a/b"}, [], "name"),
     "name with a control character": ({"name": "a\x01b"}, [], "name"),
     "name empty": ({"name": ""}, [], "name"),
+    # a tracker's project is a name: an empty one is said to be empty
+    "tracking project blank": ({"tracking": {"report_to": ["wandb"], "project": "  "}}, [], "tracking.project: is empty; give a W&B project name"),
+    "tracking entity empty": ({"tracking": {"entity": ""}}, [], "tracking.entity: is empty; give a W&B entity name"),
     # objectives and constraints: what a cost axis may say
     "objectives empty": ({"objective": None, "objectives": []}, [], "objectives"),
     "objectives not a list": ({"objective": None, "objectives": {"metric": "val_loss"}}, [], "objectives"),
