@@ -1,6 +1,7 @@
 """Hostile search inputs: each bad search file or flag is one sentence on stderr naming the file (or the
 flag) and the key path, exit status 2, within seconds, before any trial, and leaves no search.json."""
 
+import json
 import os
 import socket
 import subprocess
@@ -281,3 +282,97 @@ def test_a_set_with_a_cut_shard_is_refused_before_ray_starts(tmp_path, capsys, m
     err = capsys.readouterr().err.strip()
     assert f"data.prepared: {shard} holds" in err and "prepare the set again" in err and "Traceback" not in err, err
     assert not (tmp_path / "out" / "search.json").exists()
+
+
+# ---- ledger rows of the wrong types or values: not records, as a cut or garbled line is not ----------------------------
+
+BAD_FIELDS = [
+    ("metrics.train_spikes", "3"), ("metrics.train_spikes", float("nan")), ("metrics.train_spikes", float("inf")),
+    ("metrics.train_spikes", -1), ("metrics.val_loss", "low"), ("alpha", "0.25"), ("alpha", float("nan")), ("alpha", float("inf")),
+    ("alpha", 1.5), ("post_ln_layers", "1"), ("post_ln_layers", float("inf")), ("post_ln_layers", -1), ("post_ln_layers", True),
+    ("uniform_pre", "no"), ("uniform_pre", 0), ("costs.parameters", "many"),
+]
+
+
+def _set_field(record: dict, key: str, value) -> dict:
+    record = json.loads(json.dumps(record))
+    *parents, last = key.split(".")
+    held = record
+    for part in parents:
+        held = held.setdefault(part, {})
+    held[last] = value
+    return record
+
+
+GOOD_ROW = {"cell": "depth=4", "trial": 3, "status": "completed", "stage": "explore", "seed": 0, "model": "m", "uniform_pre": False,
+            "identity": "i", "overrides": {ALPHA: 0.25}, "alpha": 0.25, "post_ln_layers": 1, "steps": 30, "metric": "val_loss",
+            "value": 5.0, "metrics": {"val_loss": 5.0, "train_spikes": 2, "train_rise": 0.1}, "costs": {"parameters": 1000.0},
+            "wall_s": 1.0, "duplicate_of": None, "run_dir": "trials/depth=4/i", "note": "", "promoted": "", "retry": False, "unstable": "", "seq": 4}
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
+def test_a_ledger_row_of_the_wrong_type_or_value_is_not_a_record(key, value):
+    from blockforge.search.records.ledger import parse_record
+
+    assert parse_record(json.dumps(GOOD_ROW)) is not None
+    assert parse_record(json.dumps(_set_field(GOOD_ROW, key, value))) is None
+    # a model every layer of which is Pre-LN has no Post-LN layer
+    assert parse_record(json.dumps({**GOOD_ROW, "uniform_pre": True, "post_ln_layers": 0})) is not None
+    assert parse_record(json.dumps({**GOOD_ROW, "uniform_pre": True, "post_ln_layers": 2})) is None
+
+
+@pytest.fixture(scope="module")
+def stability_folder(tmp_path_factory):
+    """A Mix-LN search with a stability check, driven without Ray (alpha 0.25 is best), and the view's answer."""
+    import blockforge
+    from blockforge.io import atomic_write_json
+    from blockforge.search.config import MARKER, folder_marker
+    from blockforge.search.run.searcher import CellSearcher
+
+    from .conftest import drive
+
+    tmp = tmp_path_factory.mktemp("ledger")
+    plan = load_search(write_search(tmp, cells={"model.depth": [4]}, scheduler=None, trials_per_cell=2, baselines=[], sampler={"grid": {}},
+                                    confirm={"top": 1, "seeds": 2, "stability": {"lr_max": 0.1, "resolution": 2.0}},
+                                    space={ALPHA: {"grid": [0.0, 0.25]}}))
+
+    def value(config):
+        overrides = dict(config["overrides"])
+        return 5.0 + 0.4 * abs(overrides[ALPHA] - 0.25) + 0.01 * overrides["train.seed"]
+
+    def stability(config):
+        lr = dict(config["overrides"]).get("train.lr", 3e-3)
+        return {"unstable": "" if lr <= 0.02 else "its loss rose", "train_spikes": 1}
+
+    folder = tmp / "s"
+    drive(CellSearcher(plan, str(folder)), value, extra=stability, limit=500)
+    atomic_write_json(folder / MARKER, folder_marker(plan, None))
+    return folder, _answer(blockforge.open_search(folder))
+
+
+def _answer(search) -> tuple:
+    answer = search.cells()["depth=4"]
+    return answer.claim, answer.stability.answer, search.results().to_dict("list")
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS[:-1], ids=[f"{k}={v!r}" for k, v in BAD_FIELDS[:-1]])
+def test_ledger_rows_of_the_wrong_type_are_read_as_damaged_lines_by_a_view(stability_folder, tmp_path, capsys, key, value):
+    """A view reads a row of the wrong type as it reads a garbled line: the other copy's record stands, and one warning
+    names the lines (never a traceback in results() or the stability check, or Pre-LN's verdict for a Mix-LN model)."""
+    import shutil
+
+    import blockforge
+
+    source, undamaged = stability_folder
+    folder = tmp_path / "s"
+    shutil.copytree(source, folder)
+    copy = folder / "trials.backup.jsonl"  # read after trials.jsonl: its record of a trial is the one a view keeps
+    rows = [json.loads(line) for line in copy.read_text().splitlines()]
+    damaged = [i for i, row in enumerate(rows) if row["alpha"] == 0.25 and row["status"] == "completed"]
+    for i in damaged:
+        rows[i] = _set_field(rows[i], key, value)
+    copy.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    capsys.readouterr()
+    assert _answer(blockforge.open_search(folder)) == undamaged
+    warned = [line for line in capsys.readouterr().err.splitlines() if "trials.backup.jsonl are not records" in line]
+    assert len(warned) == 1 and f"line(s) {damaged[0] + 1}, " in warned[0], warned
