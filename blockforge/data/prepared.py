@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -219,10 +220,24 @@ class Manifest:
             if sum(s.documents for s in split.shards) != split.documents or sum(s.tokens for s in split.shards) != split.tokens:
                 raise bad(f"the {name} split's shards do not add up to its counts")
             for shard in split.shards:
-                if not shard.name.startswith(f"{name}/") or ".." in shard.name:
-                    raise bad(f"shard {shard.name!r} lies outside its split's folder")
+                if not re.fullmatch(rf"{name}/\d{{6,}}", shard.name):
+                    raise bad(f"shard {shard.name!r} is not a shard of its split's folder ({name}/NNNNNN)")
+        manifest._check_order(path)
         manifest._check_counts(path)
         return manifest
+
+    def _check_order(self, path: str) -> None:
+        """Each split lists its shards once each, in the order they were written (by number): a shard listed twice would
+        be trained on twice, and shards listed in another order give other rows."""
+        for name, split in self.splits.items():
+            seen: set[str] = set()
+            for i, shard in enumerate(split.shards):
+                if shard.name in seen:
+                    raise _edited(path, f"splits.{name}.shards[{i}] lists {shard.name} again")
+                before = split.shards[i - 1].name if i else None
+                if before is not None and int(shard.name.split("/")[1]) < int(before.split("/")[1]):
+                    raise _edited(path, f"splits.{name}.shards[{i}] lists {shard.name} after {before}, out of the order they were written in")
+                seen.add(shard.name)
 
     def _check_counts(self, path: str) -> None:
         """Each shard's counts against the sizes its files are recorded with: a shard's files hold exactly its counts (a

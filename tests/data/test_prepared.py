@@ -293,6 +293,46 @@ def test_shard_bytes_are_checked_when_first_read_and_a_manifest_that_disagrees_w
         reader.train.rows(np.arange(1))
 
 
+def test_a_manifest_that_lists_a_shard_twice_or_out_of_order_is_refused_naming_the_key(prepared, tmp_path, capsys):
+    """A shard listed twice (its split's counts doubled to match) would be trained on twice; shards out of the order they
+    were written in give other rows. Either is one sentence naming the manifest and the key, from a run and from `prepare`."""
+    import shutil
+
+    where, cfg = prepared
+    for kind in ("bin", "idx"):  # a second shard of the same bytes
+        shutil.copyfile(where / "train" / f"000000.{kind}", where / "train" / f"000001.{kind}")
+    original = (where / "manifest.json").read_text()
+
+    def listing(*names):
+        def edit(manifest):
+            split = manifest["splits"]["train"]
+            split["shards"] = [{**split["shards"][0], "name": name} for name in names]
+            for key in ("documents", "tokens", "source_tokens"):
+                split[key] *= len(names)
+        return edit
+
+    rows = len(_open(cfg, where).train)
+    _edited(where, listing("train/000000", "train/000001"))  # each listed once, in order: a set of both
+    assert len(_open(cfg, where).train) > rows
+    for names, says in ((("train/000000", "train/000000"), "splits.train.shards[1] lists train/000000 again"),
+                        (("train/000001", "train/000000"), "splits.train.shards[1] lists train/000000 after train/000001, out of the order"),
+                        (("train/00001",), "shard 'train/00001' is not a shard of its split's folder (train/NNNNNN)")):
+        (where / "manifest.json").write_text(original)
+        _edited(where, listing(*names))
+        with pytest.raises(DataError) as refused:
+            _open(cfg, where)
+        assert str(refused.value).startswith(f"data.prepared: {where}/manifest.json") and says in str(refused.value), str(refused.value)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({"model": {"family": "llama", "width": 32, "depth": 2, "heads": 2, "ffn": 64, "vocab": 512, "context": 16},
+                                  "data": {"source": "text", "path": cfg.path, "val_fraction": 0.2, "tokenizer": {"bpe": 300}}}))
+    (where / "manifest.json").write_text(original)
+    _edited(where, listing("train/000000", "train/000000"))
+    capsys.readouterr()
+    assert main(["prepare", str(recipe), "--out", str(where), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{where}/manifest.json" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_set_whose_source_changed_or_whose_preparation_record_is_damaged_is_refused_naming_the_file(prepared, tmp_path, text_file):
     """A set is what it was made from: its source text changed since, `prepare` again refuses the set (and an unfinished
     preparation begun before the change) naming the file, where it once said the set was there already."""
