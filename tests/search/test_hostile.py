@@ -376,3 +376,33 @@ def test_ledger_rows_of_the_wrong_type_are_read_as_damaged_lines_by_a_view(stabi
     assert _answer(blockforge.open_search(folder)) == undamaged
     warned = [line for line in capsys.readouterr().err.splitlines() if "trials.backup.jsonl are not records" in line]
     assert len(warned) == 1 and f"line(s) {damaged[0] + 1}, " in warned[0], warned
+
+
+def test_a_folder_where_a_report_file_belongs_is_one_sentence_naming_it(stability_folder, tmp_path):
+    """Each file the reports write (summary.md, results.csv, stability.json, the figures, best/...), found a folder: one
+    sentence naming it, not a traceback; once it is moved aside the reports are written."""
+    import shutil
+
+    import blockforge
+    from blockforge.io import FolderInTheWay
+    from blockforge.search.records.ledger import Ledger
+    from blockforge.search.reports.report import write_reports
+
+    source, _ = stability_folder
+    folder = tmp_path / "s"
+    shutil.copytree(source, folder)
+    plan = blockforge.open_search(folder).plan
+    before = {p for p in folder.rglob("*") if p.is_file()}
+    write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+    written = sorted(p for p in folder.rglob("*") if p.is_file() and p not in before)
+    assert {"summary.md", "results.csv", "stability.json", "optuna.journal"} <= {p.name for p in written}, written
+    for path in written:
+        path.unlink()
+        (path / "kept").mkdir(parents=True)
+        with pytest.raises(FolderInTheWay) as refused:
+            write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+        assert str(refused.value) == (f"{path}: is a folder where a file belongs ({path.name} is written there); move the folder "
+                                      "aside or remove it")
+        shutil.rmtree(path)
+    write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+    assert all(p.is_file() for p in written)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray
 from blockforge.errors import BlockforgeError, WriteError, warn
-from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
+from blockforge.io import FolderInTheWay, atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.lock import RunLock
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
 from blockforge.search.records.ledger import Ledger, TrialRecord
@@ -413,6 +413,8 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
     except Exception as err:
         if interrupts.phase != "fit":
             raise
+        if isinstance(err, FolderInTheWay):  # a report's file (the live view's) is a folder: the search stops, resumable
+            raise FolderInTheWay(f"{err}, then resume with: {command}") from None
         if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
             reason = _write_failure_in(err)
             if reason is None:
@@ -484,7 +486,10 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                                  f"{interrupts.resume_command}")
             view.update(force=True, journal=False)  # the reports below rebuild every view
             view.close()
-            summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
+            try:
+                summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
+            except FolderInTheWay as err:  # every trial is kept: the reports follow on resume
+                raise FolderInTheWay(f"{err}, then resume with: {command} (the search's trials are kept; it writes its reports)") from None
             tracking = None
             said = outside_failures(ledger.records(), command)
             if said is not None and interrupts.signal is None and any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in ledger.records()):
