@@ -406,3 +406,45 @@ def test_a_folder_where_a_report_file_belongs_is_one_sentence_naming_it(stabilit
         shutil.rmtree(path)
     write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
     assert all(p.is_file() for p in written)
+
+
+RAY_ENVIRONMENT = [
+    ("RAY_memory_usage_threshold", "abc", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_usage_threshold", "", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_usage_threshold", "1.5", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_monitor_refresh_ms", "0.5", "a whole number of milliseconds, 0 or more"),
+    ("RAY_AUTH_MODE", "tokn", "disabled or token"),
+    ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "yes", "1 or 0 (true or false)"),
+    ("TUNE_GLOBAL_CHECKPOINT_S", "soon", "a number of seconds, or auto"),
+]
+
+
+@pytest.mark.parametrize("name,value,accepts", RAY_ENVIRONMENT, ids=[f"{n}={v!r}" for n, v, _ in RAY_ENVIRONMENT])
+def test_a_ray_setting_ray_cannot_read_is_one_sentence_before_ray_is_imported(tmp_path, capsys, monkeypatch, name, value, accepts):
+    """Ray reads its settings from the environment as it is imported, and crashes (SIGSEGV) on a number it cannot read or takes
+    a flag it does not know for false: `search` and `prepare` name the variable, its value and what it takes, first."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+
+    def no_ray():
+        raise AssertionError("Ray was imported before its settings were checked")
+
+    monkeypatch.setattr("blockforge.cluster._import_ray", no_ray)
+    monkeypatch.setenv(name, value)
+    said = f"{name}={value!r} in the environment is not {accepts}"
+    for argv in (["search", str(path), "--out", str(tmp_path / "out")],
+                 ["prepare", str(tmp_path / "tiny.yaml"), "--out", str(tmp_path / "set"), "--address", "127.0.0.1:1"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert said in line and f"set {name} to one, or unset it" in line, line
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_ray_setting_that_crashes_ray_is_one_sentence_in_a_real_process(tmp_path):
+    """The same in a process of its own, where `import ray` itself would end the process with SIGSEGV and no message."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+    env = dict(os.environ, RAY_memory_usage_threshold="abc", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1 and "RAY_memory_usage_threshold='abc' in the environment" in err, (done.returncode, err)
