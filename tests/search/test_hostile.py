@@ -448,3 +448,30 @@ def test_a_ray_setting_that_crashes_ray_is_one_sentence_in_a_real_process(tmp_pa
                           capture_output=True, text=True, env=env, timeout=120)
     err = done.stderr.strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and "RAY_memory_usage_threshold='abc' in the environment" in err, (done.returncode, err)
+
+
+def test_a_broken_tracker_install_stops_no_search_and_a_report_in_a_folders_place_is_one_sentence_on_resume(tmp_path, capsys, ray_session):
+    """A Python whose `import wandb` and `import mlflow` raise (a broken install): Ray Tune imports both for its own
+    integrations, whatever the search asks for. A search that asks for W&B gets one warning naming it and runs on without
+    it; MLflow, not asked for, is not said at all. Then a report of the finished search that is a folder: `--resume` says so
+    in one sentence naming it, with the resume line."""
+    broken = tmp_path / "broken"
+    for name in ("wandb", "mlflow"):
+        (broken / name).mkdir(parents=True)
+        (broken / name / "__init__.py").write_text(f"raise RuntimeError('this {name} install is broken')\n")
+    path = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=1, baselines=[], scheduler=None,
+                        overrides={"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2, "train.log_every": 1},
+                        tracking={"report_to": ["wandb"]})
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(broken), *filter(None, [os.environ.get("PYTHONPATH")])]), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    (line,) = done.stderr.strip().splitlines() or [""]
+    assert done.returncode == 0 and "tracking: wandb failed importing its package (RuntimeError: this wandb install is broken)" in line, done.stderr
+    assert [json.loads(x)["status"] for x in (out / "trials.jsonl").read_text().splitlines()][-1] == "completed"
+    (out / "results.csv").unlink()
+    (out / "results.csv").mkdir()
+    capsys.readouterr()
+    assert main(["search", str(path), "--out", str(out), "--resume", "--set", "tracking.report_to=[]"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"blockforge: error: {out / 'results.csv'}: is a folder where a file belongs") and "then resume with:" in line, line

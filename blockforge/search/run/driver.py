@@ -255,12 +255,12 @@ def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tu
     return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), *where, "--resume"])
 
 
-def _trainable(plan: SearchPlan, store: SearchStore):
+def _trainable(plan: SearchPlan, store: SearchStore, absent: tuple[str, ...] = ()):
     from ray import tune
 
     from blockforge.search.run.trials import run_trial
 
-    trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage))
+    trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage), absent=absent)
     if plan.transfer is None or plan.transfer.resources is None:
         return tune.with_resources(trainable, {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu})
     from ray.tune import PlacementGroupFactory
@@ -408,8 +408,11 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
                                rebuild: bool, command: str) -> None:
     """_fit; where the driver's own writes (the ledger) fail on a full disk or a storage gone, the failure is noted on
     `interrupts` as a trial's is (the search then stops with its sentence); a Ray failure is raised as its sentence."""
+    from blockforge.tracking import broken_packages_absent
+
     try:
-        _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild)
+        with broken_packages_absent() as absent:  # before Tune imports W&B and MLflow itself
+            _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild, absent=absent)
     except Exception as err:
         if interrupts.phase != "fit":
             raise
@@ -647,9 +650,10 @@ class _Silent:
 
 
 def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
-         rebuild: bool = False) -> None:
+         rebuild: bool = False, absent: tuple[str, ...] = ()) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
-    the ledger, its saved state set aside (it holds trials as errored that the search trains again)."""
+    the ledger, its saved state set aside (it holds trials as errored that the search trains again). `absent`: packages that
+    fail as they import, absent in the trials' processes too."""
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
@@ -669,7 +673,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from blockforge.search.run.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
-    trainable = _trainable(plan, store)
+    trainable = _trainable(plan, store, absent)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
     interrupts.check()
     damaged = _damaged_tune_state(store) if resume else None
