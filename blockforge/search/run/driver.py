@@ -492,7 +492,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
             try:
                 summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
             except FolderInTheWay as err:  # every trial is kept: the reports follow on resume
-                raise FolderInTheWay(f"{err}, then resume with: {command} (the search's trials are kept; it writes its reports)") from None
+                raise FolderInTheWay(f"{err}, then resume with: {command}; every trial is kept, and the resume writes the reports") from None
             tracking = None
             said = outside_failures(ledger.records(), command)
             if said is not None and interrupts.signal is None and any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in ledger.records()):
