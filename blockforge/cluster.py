@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +24,41 @@ from blockforge.errors import BlockforgeError, warn
 OBJECT_STORE_BYTES = 256 * 2**20  # trials pass no large objects; the default (30% of RAM) only wastes memory
 PROBE_TIMEOUT_S = 5.0  # a cluster's address must accept a connection within this
 CONNECT_TIMEOUT_S = 15.0  # ...and Ray must join it within this (ray.init alone waits for minutes)
+
+
+# Settings Ray and Ray Tune read from the environment that blockforge sets or relies on, and what each accepts. Ray reads
+# its own as it is imported: a number it cannot read crashes the process (SIGSEGV, no word of why), a flag other than 1 or
+# true is false and an auth mode it does not know is none; Tune raises on a number it cannot read. Checked before `import ray`.
+_NUMBER = r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?"
+_FLAG = ("0", "1", "true", "false")
+
+
+def _number_in(low: float, high: float = float("inf")):
+    return lambda text: re.fullmatch(_NUMBER, text) is not None and low <= float(text) <= high
+
+
+RAY_SETTINGS = {
+    "RAY_memory_usage_threshold": (_number_in(0, 1), "a fraction of a node's memory from 0 to 1, above which Ray kills a worker"),
+    "RAY_memory_monitor_refresh_ms": (lambda t: re.fullmatch(r"\+?\d+", t) is not None, "a whole number of milliseconds, 0 or more "
+                                      "(0: no memory monitor)"),
+    "RAY_worker_niceness": (lambda t: re.fullmatch(r"[+-]?\d+", t) is not None and -20 <= int(t) <= 19, "a nice level from -20 to 19"),
+    "RAY_AUTH_MODE": (lambda t: t.lower() in ("disabled", "token"), "disabled or token"),
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": (lambda t: t.lower() in _FLAG, "1 or 0 (true or false)"),
+    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": (lambda t: t.lower() in _FLAG, "1 or 0 (true or false)"),
+    "RAY_AIR_NEW_OUTPUT": (lambda t: t in ("0", "1"), "0 or 1"),
+    "TUNE_GLOBAL_CHECKPOINT_S": (lambda t: t == "auto" or _number_in(0)(t), "a number of seconds, or auto"),
+    "TUNE_WARN_THRESHOLD_S": (_number_in(0), "a number of seconds"),
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": (lambda t: t in ("0", "1"), "0 or 1"),
+}
+
+
+def check_ray_environment() -> None:
+    """Each of RAY_SETTINGS in the environment holds a value Ray (or Tune) reads as it is meant, else one sentence naming it."""
+    for name, (accepts, what) in RAY_SETTINGS.items():
+        value = os.environ.get(name)
+        if value is not None and not accepts(value):
+            raise BlockforgeError(f"{name}={value!r} in the environment is not {what}, which Ray reads there (a value it cannot read "
+                                  f"crashes it, or is taken for another); set {name} to one, or unset it")
 
 
 def ensure_ray(address: str | None) -> bool:
@@ -40,6 +76,7 @@ def ensure_ray(address: str | None) -> bool:
     os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "60")
     # Tune's per-trial result files (json, csv, TensorBoard): the ledger and each run folder's metrics hold it all.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    check_ray_environment()
     ray = _import_ray()
     if ray.is_initialized():
         return False

@@ -73,9 +73,16 @@ def plain_file_mode(tmp: str) -> None:
     os.chmod(tmp, 0o666 & ~_umask())
 
 
+class FolderInTheWay(CorruptFolderError):
+    """A folder where a file is written (a report, a record): no file can be renamed over it."""
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)` then rename the temp file over `path`; the temp file never outlives a failure."""
+    """Call `write(tmp_path)` then rename the temp file over `path`; the temp file never outlives a failure. A folder at
+    `path` is one sentence naming it, before anything is written."""
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():  # a link is replaced, whatever it points to
+        raise FolderInTheWay(f"{path}: is a folder where a file belongs ({path.name} is written there); move the folder aside or remove it")
     with writes_into(path.parent, path.name):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -15,11 +15,14 @@ at once.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from blockforge.errors import warn
 from blockforge.io import atomic_write_text
@@ -31,6 +34,39 @@ STEP = "step"  # W&B's x-axis for every logged metric (its own _step counts log 
 KIND_TAG = "mlflow.experimentKind"  # MLflow 3: what the UI shows of an experiment first
 LOGGED_ARTIFACTS = "mlflow.loggedArtifacts"  # MLflow: the run's artifacts its UI shows as tables
 ANSWERS = "(answers)"  # the key of a search's answers run (W&B)
+
+
+@contextlib.contextmanager
+def broken_packages_absent(modules: tuple[str, ...] = tuple(module for module, _ in EXTRA.values())) -> Iterator[tuple[str, ...]]:
+    """Inside the block, each of `modules` (the trackers' packages) that fails as it imports (a broken install, which raises
+    whatever it raises) is absent: `import` raises ImportError, which Ray Tune takes for "not installed" where it imports
+    W&B and MLflow for its own integrations, whatever a search asks for. So a broken install of a tracker a search does not
+    use stops nothing, and one it asks for is left out with the warning `Trackers` gave. Yields the modules made absent
+    (the trials make them absent too: `absent`). Imported here, they cost what Ray Tune's import of them would."""
+    hidden = []
+    for module in modules:
+        if module in sys.modules:
+            continue  # imported already (or absent already)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            if err.name != module:  # installed, but something it imports is not: absent too
+                hidden.append(module)
+        except Exception:  # noqa: BLE001 (whatever a broken package raises as it imports)
+            hidden.append(module)
+    absent(hidden)
+    try:
+        yield tuple(hidden)
+    finally:
+        for module in hidden:
+            if module in sys.modules and sys.modules[module] is None:
+                del sys.modules[module]  # as it was: the next import tries the package again
+
+
+def absent(modules) -> None:
+    """Make each of `modules` not imported yet absent from this process (`import` raises ImportError)."""
+    for module in modules:
+        sys.modules.setdefault(module, None)
 
 
 def metric_rows(lines: list[dict]) -> list[tuple[str, int, dict[str, float]]]:

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                    help="0: greedy (default: the model's generation config, e.g. a converted model's sampling defaults, else 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="default: the model's generation config, else none")
     p.add_argument("--top-p", type=float, default=None, help="default: the model's generation config, else none")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed: a whole number from 0 to 2**64 - 1 (default 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=run)
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from blockforge.train.runtime import pick_device
 
     try:  # before anything is loaded or printed
-        check_sampling(0.8 if args.temperature is None else args.temperature, args.top_k, args.top_p)
+        check_sampling(0.8 if args.temperature is None else args.temperature, args.top_k, args.top_p, args.seed)
     except BlockforgeError as e:
         raise BlockforgeError(f"--{str(e).replace('_', '-', 1)}") from None
     check_prompt(args.prompt)

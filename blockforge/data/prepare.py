@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from blockforge.data.prepared import (FORMAT, MANIFEST, PARTS, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, data_settings,
-                                      recipe_layout, set_key, sha256_file)
+from blockforge.data.prepared import (FORMAT, MANIFEST, PARTS, SAMPLE_TOKENS as VAL_TOKENS, TOKENIZER, Layout, Manifest, ManifestError,
+                                      data_settings, recipe_layout, set_key, sha256_file, source_problem)
 from blockforge.errors import BlockforgeError, DataError, FolderInUseError, warn
 from blockforge.io import writes_into
 from blockforge.spec.data import DataConfig
@@ -107,39 +107,79 @@ def source_record(cfg: DataConfig) -> dict[str, Any]:
     """What a source's documents come from beyond its settings, kept in the manifest to tell a changed source from the one
     the set was made from: each local file (text files, an hf builder's data files) by its size and sha256 (read at
     about 1.7 GB/s), the builtin corpus by the Python and extractor it comes from. A Hub dataset has no files here and
-    is known by its settings alone."""
-    from blockforge.data.corpus import builtin_key, expand_paths
+    is known by its settings alone. A file named that cannot be read here is recorded by its path and what is wrong with
+    it (`error`): such a record is compared, never kept (`recordable`)."""
+    from blockforge.data.corpus import builtin_key
 
     if cfg.source == "builtin":
         return {"builtin": builtin_key()}
     if cfg.source == "text" or cfg.path:
-        return {"files": [{"path": path, "bytes": os.path.getsize(path), "sha256": sha256_file(Path(path))} for path in expand_paths(cfg.path)]}
+        return {"files": [_file_record(path) for path in _named_files(cfg.path)]}
     return {}
 
 
+def _named_files(path: str | list[str] | None) -> list[str]:
+    """The files data.path names (corpus.expand_paths), a plain path that is not a file here among them, in order."""
+    import glob
+
+    files: list[str] = []
+    for pattern in [path] if isinstance(path, str) else path or []:
+        if glob.has_magic(pattern):
+            files += sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(m))
+        else:
+            files.append(os.path.expanduser(pattern))
+    return list(dict.fromkeys(files))
+
+
+def _file_record(path: str) -> dict[str, Any]:
+    if not os.path.lexists(path):
+        return {"path": path, "error": "was deleted or moved (restore it, or take it out of data.path)"}
+    try:
+        return {"path": path, "bytes": os.path.getsize(path), "sha256": sha256_file(Path(path))}
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return {"path": path, "error": f"became unreadable ({reason}: make it readable, or take it out of data.path)"}
+
+
+def recordable(source: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`source` as a set keeps it: None where a file of it cannot be read here (nothing to compare a later source with)."""
+    if source is None or any("error" in entry for entry in source.get("files", [])):
+        return None
+    return source
+
+
 def source_change(recorded: Any, now: dict[str, Any] | None) -> str | None:
-    """How a source changed between two of its records, in words naming what changed; None where it did not, or where
-    either cannot be compared (`now` None: its files are not readable here; `recorded` not a record: an earlier blockforge
-    wrote none)."""
-    if now is None or not isinstance(recorded, dict) or recorded == now:
+    """How a source changed between two of its records, in words naming each file that changed, went or cannot be read;
+    None where it did not, or where the two cannot be compared (`now` None or none of its files here: the set is then all
+    there is of them; `recorded` not a record: an earlier blockforge wrote none)."""
+    if now is None or not isinstance(recorded, dict) or recorded == now or absent_here(recorded, now):
         return None
     if "builtin" in now or "builtin" in recorded:
         return f"the builtin corpus changed (extracted by {recorded.get('builtin')} then, by {now.get('builtin')} now)"
     before = {entry["path"]: entry for entry in recorded.get("files", [])}
+    changes = []
     for entry in now.get("files", []):
         old = before.pop(entry["path"], None)
-        if old is None:
-            return f"{entry['path']} was added to the source"
-        if old != entry:
-            return f"{entry['path']} changed ({old['bytes']:,} bytes then, {entry['bytes']:,} now)"
-    if before:
-        return f"{next(iter(before))} was removed from the source"
-    return "the order of the source's files changed"
+        if "error" in entry:
+            changes.append(f"{entry['path']} {entry['error']}")
+        elif old is None:
+            changes.append(f"{entry['path']} was added to the source")
+        elif old != entry:
+            changes.append(f"{entry['path']} changed ({old['bytes']:,} bytes then, {entry['bytes']:,} now)")
+    changes += [f"{path} was removed from the source" for path in before]
+    if not changes:
+        return "the order of the source's files changed"
+    return ", ".join(changes[:-1]) + (" and " if len(changes) > 1 else "") + changes[-1]
+
+
+def absent_here(recorded: Any, now: dict[str, Any] | None) -> bool:
+    """Whether none of the files a set was made from can be read here (another machine): the set is all there is of them."""
+    files = now.get("files") if now else None
+    return isinstance(recorded, dict) and bool(recorded.get("files")) and files is not None and all("error" in e for e in files)
 
 
 def _source_now(request: Request) -> dict[str, Any] | None:
-    """The request's source record, or None where its files cannot be read here (a set made from them is then all there
-    is of them, and is not compared)."""
+    """The request's source record (a file that cannot be read here recorded as such), or None where it cannot be made."""
     try:
         return source_record(request.data)
     except (DataError, OSError):
@@ -555,7 +595,7 @@ def prepare(request: Request, out: str | os.PathLike, *, workers: InProcess | Ra
         else:
             corpus = corpus if corpus is not None else _load_corpus(request.data)
             used, info = _run_finite(corpus, job, workers, records, progress)
-        manifest = {**_assemble(storage, request, tokenizer, used, info), "source": source}
+        manifest = {**_assemble(storage, request, tokenizer, used, info), "source": recordable(source)}
         still_ours()
         storage.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())  # last: from now on the folder is a set
         _clean(storage, used)
@@ -577,16 +617,21 @@ def _existing(storage: Storage, request: Request, source: dict | None) -> Manife
         return None
     try:
         manifest = Manifest.parse(json.loads(data), str(storage))
-    except (ValueError, DataError):
-        raise BlockforgeError(f"{storage}/{MANIFEST}: is not the manifest of a prepared set; choose another --out, or remove "
-                              "the folder to prepare into it") from None
+    except ValueError:
+        raise BlockforgeError(f"{storage}/{MANIFEST}: is not the manifest of a prepared set (it does not read as JSON); choose "
+                              "another --out, or remove the folder to prepare into it") from None
+    except ManifestError as err:
+        raise BlockforgeError(f"{err.path}: {err.reason}; choose another --out, or remove the folder to prepare into it") from None
     if manifest.fingerprint != request.fingerprint:
         raise BlockforgeError(f"{storage}: holds a prepared set of other data or another budget (fingerprint {manifest.fingerprint}, "
                               f"this one is {request.fingerprint}); choose another --out")
     recorded = manifest.raw.get("source")
     if source and not isinstance(recorded, dict):
-        warn(f"{storage}: its manifest does not record the source it was made from (an earlier blockforge wrote it), so a "
-             "change to the source since cannot be seen; it is used as it is")
+        warn(f"{storage}: its manifest does not record the source it was made from (an earlier blockforge wrote it, or its files "
+             "could not be read then), so a change to the source since cannot be seen; it is used as it is")
+    elif absent_here(recorded, source):
+        warn(f"{storage}: none of the files its set was made from can be read here ({source['files'][0]['path']} "
+             f"{source['files'][0]['error'].split(' (')[0]}), so a change to them cannot be seen; it is used as it was made")
     change = source_change(recorded, source)
     if change is not None:
         raise BlockforgeError(f"{storage}: holds this data's set as prepared before {change}; choose another --out, or remove the "
@@ -602,10 +647,12 @@ def _start(storage: Storage, request: Request, source: dict | None) -> None:
         try:
             started = json.loads(said)
             fingerprint, recorded = started["fingerprint"], started.get("source")
-        except (ValueError, TypeError, KeyError):
-            raise BlockforgeError(f"{storage}/{STARTED}: is damaged (it does not read as the record of a preparation), so the "
-                                  "parts there cannot be told to be this data's; remove the folder to start over there, or "
-                                  "choose another --out") from None
+            problem = source_problem(recorded)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            problem = "it does not read as the record of a preparation"
+        if problem is not None:
+            raise BlockforgeError(f"{storage}/{STARTED}: is damaged ({problem}), so the parts there cannot be told to be this "
+                                  "data's; remove the folder to start over there, or choose another --out") from None
         if fingerprint != request.fingerprint:
             raise BlockforgeError(f"{storage}: holds an unfinished preparation of other data or another budget; choose another "
                                   f"--out, or remove the folder to start over there")
@@ -619,7 +666,7 @@ def _start(storage: Storage, request: Request, source: dict | None) -> None:
         raise BlockforgeError(f"{storage}: is not empty and holds no prepared set (it has {others[0]}); give an empty or new --out")
     storage.write_bytes(STARTED, json.dumps({
         "fingerprint": request.fingerprint, "data": data_settings(request.data), "layout": request.layout.to_plain(),
-        "tokens": request.tokens, "source": source, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tokens": request.tokens, "source": recordable(source), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }, indent=1).encode())
 
 

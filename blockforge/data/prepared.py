@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -184,9 +185,8 @@ class Manifest:
         """A manifest from its JSON data, or one sentence naming the file when it is not one."""
         path = f"{where}/{MANIFEST}"
 
-        def bad(why: str) -> DataError:
-            return DataError(f"data.prepared: {path} is not the manifest of a prepared set ({why}); prepare the set again "
-                             "with `blockforge prepare`")
+        def bad(why: str) -> ManifestError:
+            return ManifestError(path, f"is not the manifest of a prepared set ({why})", "prepare the set again with `blockforge prepare`")
 
         if not isinstance(data, dict) or data.get("kind") != "blockforge prepared set":
             raise bad("it does not say it is one")
@@ -216,14 +216,31 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise bad(f"{type(err).__name__}: {err}") from None
+        problem = source_problem(data.get("source"))
+        if problem is not None:
+            raise bad(problem)
         for name, split in manifest.splits.items():
             if sum(s.documents for s in split.shards) != split.documents or sum(s.tokens for s in split.shards) != split.tokens:
                 raise bad(f"the {name} split's shards do not add up to its counts")
             for shard in split.shards:
-                if not shard.name.startswith(f"{name}/") or ".." in shard.name:
-                    raise bad(f"shard {shard.name!r} lies outside its split's folder")
+                if not re.fullmatch(rf"{name}/\d{{6,}}", shard.name):
+                    raise bad(f"shard {shard.name!r} is not a shard of its split's folder ({name}/NNNNNN)")
+        manifest._check_order(path)
         manifest._check_counts(path)
         return manifest
+
+    def _check_order(self, path: str) -> None:
+        """Each split lists its shards once each, in the order they were written (by number): a shard listed twice would
+        be trained on twice, and shards listed in another order give other rows."""
+        for name, split in self.splits.items():
+            seen: set[str] = set()
+            for i, shard in enumerate(split.shards):
+                if shard.name in seen:
+                    raise _edited(path, f"splits.{name}.shards[{i}] lists {shard.name} again")
+                before = split.shards[i - 1].name if i else None
+                if before is not None and int(shard.name.split("/")[1]) < int(before.split("/")[1]):
+                    raise _edited(path, f"splits.{name}.shards[{i}] lists {shard.name} after {before}, out of the order they were written in")
+                seen.add(shard.name)
 
     def _check_counts(self, path: str) -> None:
         """Each shard's counts against the sizes its files are recorded with: a shard's files hold exactly its counts (a
@@ -244,9 +261,44 @@ class Manifest:
                                             f"{size:,} bytes: {held:,} {f'{self.dtype} ids' if kind == 'bin' else 'int64 offsets'}")
 
 
-def _edited(path: str, what: str) -> DataError:
-    return DataError(f"data.prepared: {path} does not agree with its own shards ({what}); the manifest was changed or "
-                     "damaged: prepare the set again")
+class ManifestError(DataError):
+    """A manifest.json that is not one, or that its own shards contradict: `path` and `reason` say which and why (for a caller
+    whose fix is another, such as `prepare` finding it in the folder it prepares into)."""
+
+    def __init__(self, path: str, reason: str, fix: str):
+        super().__init__(f"data.prepared: {path} {reason}; {fix}")
+        self.path, self.reason = path, reason
+
+
+def _edited(path: str, what: str) -> ManifestError:
+    return ManifestError(path, f"does not agree with its own shards ({what})", "the manifest was changed or damaged: prepare the set again")
+
+
+def source_problem(recorded: Any) -> str | None:
+    """What is wrong with the record of a set's source (data/prepare.py `source_record`) as a manifest or a preparation in
+    progress keeps it: its key path and why; None for a record of the right shape, or none (an earlier blockforge wrote none)."""
+    if recorded is None:
+        return None
+    if not isinstance(recorded, dict) or not set(recorded) <= {"builtin", "files"}:
+        return "source: is not a record of the builtin corpus or of files"
+    if "builtin" in recorded and not isinstance(recorded["builtin"], str):
+        return "source.builtin: is not text"
+    files = recorded.get("files", [])
+    if not isinstance(files, list):
+        return "source.files: is not a list"
+    paths = set()
+    for i, entry in enumerate(files):
+        key = f"source.files[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"path", "bytes", "sha256"}:
+            return f"{key}: is not a file's path, bytes and sha256"
+        if not isinstance(entry["path"], str) or entry["path"] in paths:
+            return f"{key}.path: is not text, or names a file named before"
+        if isinstance(entry["bytes"], bool) or not isinstance(entry["bytes"], int) or entry["bytes"] < 0:
+            return f"{key}.bytes: is not a whole number of bytes"
+        if not isinstance(entry["sha256"], str) or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
+            return f"{key}.sha256: is not a sha256 in hex"
+        paths.add(entry["path"])
+    return None
 
 
 def read_manifest(folder: Path, where: str) -> Manifest:

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
 from blockforge.spec.data import TokenizerConfig
 from blockforge.data.corpus import text_hash
@@ -34,8 +34,13 @@ PAD_TOKEN = "<|pad|>"
 # (a number, a name, a whole rare phrase) cannot get an embedding trained, and validation text rarely
 # contains it. A `bpe` larger than the text supports is capped there, and a warning says so.
 MIN_MERGE_COUNT = 10
+# The trainer counts pieces of at most this many bytes of a longer pre-token (a minified file, a base64 blob: a "word" of
+# megabytes, on which each merge costs time in proportion to its length, for minutes). Text of words shorter than this
+# trains the same BPE as without it, and encoding is not cut: only what the trainer counts.
+LONGEST_TRAINED_WORD = 256
 # Part of the BPE cache key: a change to how the BPE is built must not reuse old files.
-BPE_RECIPE = f"byte-level bpe, no prefix space, specials {EOS_TOKEN} {PAD_TOKEN}, merges seen {MIN_MERGE_COUNT}+ times"
+BPE_RECIPE = (f"byte-level bpe, no prefix space, specials {EOS_TOKEN} {PAD_TOKEN}, merges seen {MIN_MERGE_COUNT}+ times, "
+              f"trained on words cut at {LONGEST_TRAINED_WORD} bytes")
 ENCODE_CHUNK = 256  # documents per call into the (multi-threaded) tokenizer
 
 
@@ -172,9 +177,12 @@ def bpe_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> Tokeniz
 
 
 def train_bpe(texts: list[str], vocab_size: int) -> tokenizers.Tokenizer:
-    """Byte-level BPE: every byte is a token, so any text encodes and decodes back exactly."""
+    """Byte-level BPE: every byte is a token, so any text encodes and decodes back exactly. The trainer counts each
+    pre-token in pieces of at most LONGEST_TRAINED_WORD bytes; the tokenizer it gives pre-tokenizes without cutting."""
     backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # ByteLevel maps every byte to one character, so the pieces are bytes of the pre-token (`.` matches each of them)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.ByteLevel(add_prefix_space=False),
+                                                     pre_tokenizers.Split(Regex(f".{{1,{LONGEST_TRAINED_WORD}}}"), "isolated")])
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -184,6 +192,7 @@ def train_bpe(texts: list[str], vocab_size: int) -> tokenizers.Tokenizer:
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer, length=len(texts))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     return backend
 
 

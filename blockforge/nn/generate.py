@@ -33,7 +33,10 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+SEED_LIMIT = 2**64  # a torch generator's seed is 64 bits: 0 to 2**64 - 1 (torch folds a negative one onto them)
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None) -> None:
     """Sampling settings that are numbers in range, or one sentence naming the bad one."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise BlockforgeError(f"temperature must be a finite number >= 0 (0: greedy), not {temperature}")
@@ -41,6 +44,8 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise BlockforgeError(f"top_k must be at least 1 (or left out), not {top_k}")
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise BlockforgeError(f"top_p must lie in (0, 1] (or be left out), not {top_p}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+        raise BlockforgeError(f"seed must be a whole number from 0 to 2**64 - 1 ({SEED_LIMIT - 1}), not {seed!r}")
 
 
 @torch.no_grad()
@@ -54,7 +59,7 @@ def generate(
     KVCache to fill (to look at afterwards); by default a new one."""
     if tokens.dim() == 1:
         tokens = tokens[None]
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, seed)
     context = model.spec.context
     if tokens.shape[1] + max_new_tokens - 1 > context:  # the last new token is chosen, never run through the model
         raise BlockforgeError(

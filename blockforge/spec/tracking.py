@@ -22,7 +22,9 @@ class Tracking:
             raise SpecError("names a tracker twice", path=f"{path}.report_to")
         for key in ("project", "entity"):
             value = getattr(self, key)
-            if value is not None and (not value.strip() or "/" in value):
+            if value is not None and not value.strip():
+                raise SpecError(f"is empty; give a W&B {key} name, or leave the key out for the default one", path=f"{path}.{key}")
+            if value is not None and "/" in value:
                 raise SpecError(f"{value!r} cannot name a W&B {key}; give a name without '/'", path=f"{path}.{key}")
 
 

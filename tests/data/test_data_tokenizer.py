@@ -86,3 +86,44 @@ def test_a_bpe_larger_than_its_text_supports_is_capped_and_says_so(documents, ca
     assert f"supports {learned} tokens" in err and "data.tokenizer.bpe" in err and len(err.strip().splitlines()) == 1, err
     # Within what the text supports, nothing is said and nothing changes.
     assert bpe_tokenizer(documents, 300, cache_dir).vocab_size == 300 and capsys.readouterr().err == ""
+
+
+LONG_WORD_TRAINING = """
+import random, sys, time
+from blockforge.data.tokenizer import train_bpe, wrap_bpe
+rng = random.Random(0)
+letters = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(1_000_000))
+minified = "".join(rng.choice("{}();=,.:+-*/[]") for _ in range(1_000_000))
+texts = ["Some ordinary text, a few words long. " * 50, letters + minified, "More ordinary text follows it."]
+started = time.perf_counter()
+tokenizer = wrap_bpe(train_bpe(texts, 300), "bpe-300")
+trained = time.perf_counter() - started
+(ids,) = list(tokenizer.encode_documents([texts[1]]))
+assert tokenizer.decode(ids[:-1]) == texts[1], "the blob does not decode back"
+print(f"trained in {trained:.1f} s", file=sys.stderr)
+"""
+
+
+def test_a_bpe_trains_in_seconds_on_a_text_holding_a_word_of_megabytes():
+    """A minified file or a blob without spaces is one pre-token of megabytes, on which every merge of the trainer costs time
+    in proportion to its length (2 MB took minutes): the trainer counts it in pieces. The limit only catches a hang."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LONG_WORD_TRAINING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_bpe_on_ordinary_text_is_the_one_trained_on_whole_words(documents):
+    """Cutting long pre-tokens changes nothing where no word is that long: the tokenizer, and so its fingerprint, are the
+    ones a trainer of whole words gives."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    whole = Tokenizer(models.BPE())
+    whole.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    whole.decoder = decoders.ByteLevel()
+    whole.train_from_iterator(documents, trainers.BpeTrainer(
+        vocab_size=300, min_frequency=tokenizer_module.MIN_MERGE_COUNT, special_tokens=[tokenizer_module.EOS_TOKEN, tokenizer_module.PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    assert train_bpe(documents, 300).to_str() == whole.to_str()
+    assert wrap_bpe(train_bpe(documents, 300), "a").fingerprint == wrap_bpe(whole, "b").fingerprint

@@ -2,6 +2,7 @@
 `blockforge prepare` of recipes and streams; every bad set refused in one sentence."""
 
 import json
+import re
 from itertools import islice
 from pathlib import Path
 
@@ -293,6 +294,46 @@ def test_shard_bytes_are_checked_when_first_read_and_a_manifest_that_disagrees_w
         reader.train.rows(np.arange(1))
 
 
+def test_a_manifest_that_lists_a_shard_twice_or_out_of_order_is_refused_naming_the_key(prepared, tmp_path, capsys):
+    """A shard listed twice (its split's counts doubled to match) would be trained on twice; shards out of the order they
+    were written in give other rows. Either is one sentence naming the manifest and the key, from a run and from `prepare`."""
+    import shutil
+
+    where, cfg = prepared
+    for kind in ("bin", "idx"):  # a second shard of the same bytes
+        shutil.copyfile(where / "train" / f"000000.{kind}", where / "train" / f"000001.{kind}")
+    original = (where / "manifest.json").read_text()
+
+    def listing(*names):
+        def edit(manifest):
+            split = manifest["splits"]["train"]
+            split["shards"] = [{**split["shards"][0], "name": name} for name in names]
+            for key in ("documents", "tokens", "source_tokens"):
+                split[key] *= len(names)
+        return edit
+
+    rows = len(_open(cfg, where).train)
+    _edited(where, listing("train/000000", "train/000001"))  # each listed once, in order: a set of both
+    assert len(_open(cfg, where).train) > rows
+    for names, says in ((("train/000000", "train/000000"), "splits.train.shards[1] lists train/000000 again"),
+                        (("train/000001", "train/000000"), "splits.train.shards[1] lists train/000000 after train/000001, out of the order"),
+                        (("train/00001",), "shard 'train/00001' is not a shard of its split's folder (train/NNNNNN)")):
+        (where / "manifest.json").write_text(original)
+        _edited(where, listing(*names))
+        with pytest.raises(DataError) as refused:
+            _open(cfg, where)
+        assert str(refused.value).startswith(f"data.prepared: {where}/manifest.json") and says in str(refused.value), str(refused.value)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({"model": {"family": "llama", "width": 32, "depth": 2, "heads": 2, "ffn": 64, "vocab": 512, "context": 16},
+                                  "data": {"source": "text", "path": cfg.path, "val_fraction": 0.2, "tokenizer": {"bpe": 300}}}))
+    (where / "manifest.json").write_text(original)
+    _edited(where, listing("train/000000", "train/000000"))
+    capsys.readouterr()
+    assert main(["prepare", str(recipe), "--out", str(where), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{where}/manifest.json" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_set_whose_source_changed_or_whose_preparation_record_is_damaged_is_refused_naming_the_file(prepared, tmp_path, text_file):
     """A set is what it was made from: its source text changed since, `prepare` again refuses the set (and an unfinished
     preparation begun before the change) naming the file, where it once said the set was there already."""
@@ -315,6 +356,73 @@ def test_a_set_whose_source_changed_or_whose_preparation_record_is_damaged_is_re
     (unfinished / STARTED).write_text('{"fingerprint": ')
     with pytest.raises(BlockforgeError, match=f"^{unfinished}/{STARTED}: is damaged .* remove the folder to start over there"):
         prepare(request, unfinished, progress=False)
+
+
+def test_a_set_of_two_files_one_changed_and_one_gone_or_unreadable_is_refused_naming_each(tmp_path, text_config, documents, capsys):
+    """A set made from two named files: one edited and the other deleted (or unreadable), `prepare` names both and what to do,
+    where it once took the set for this data's; with none of the files here (another machine) the set is used, said once."""
+    from blockforge.data.prepare import Request, prepare
+    from blockforge.errors import BlockforgeError
+
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("\n\n".join(documents[:40]) + "\n")
+    second.write_text("\n\n".join(documents[40:]) + "\n")
+    request = Request(text_config(source="text", path=[str(first), str(second)]), Layout(pack=True, context=16))
+    where = tmp_path / "set"
+    prepare(request, where, progress=False)
+    kept = first.read_text(), second.read_text()
+    first.write_text(kept[0] + "\nOne sentence more.\n")
+    second.unlink()
+    with pytest.raises(BlockforgeError, match=rf"^{where}: holds this data's set as prepared before {first} changed \([\d,]+ bytes then, "
+                                              rf"[\d,]+ now\) and {second} was deleted or moved \(restore it, or take it out of data.path\); "
+                                              "choose another --out, or remove the folder"):
+        prepare(request, where, progress=False)
+    first.write_text(kept[0])
+    second.mkdir()  # a path that cannot be read as a file, whoever runs this (root reads a file without permissions)
+    with pytest.raises(BlockforgeError, match=rf"^{where}: holds this data's set as prepared before {second} became unreadable "
+                                              r"\(Is a directory: make it readable, or take it out of data.path\)"):
+        prepare(request, where, progress=False)
+    second.rmdir()
+    second.write_text(kept[1])
+    assert prepare(request, where, progress=False).reused
+    first.unlink()
+    second.unlink()
+    capsys.readouterr()
+    assert prepare(request, where, progress=False).reused
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"none of the files its set was made from can be read here ({first} was deleted or moved)" in line, line
+
+
+def test_a_damaged_source_record_is_one_sentence_naming_the_file_and_key(prepared, tmp_path):
+    """The record of the source a set was made from, of the wrong types or missing keys, in manifest.json (read by `prepare`
+    and by a run) or in preparing.json: one sentence naming the file and the key."""
+    from blockforge.data.prepare import STARTED, Request, prepare
+    from blockforge.errors import BlockforgeError
+
+    where, cfg = prepared
+    request = Request(cfg, Layout(pack=True, context=16))
+    manifest = json.loads((where / "manifest.json").read_text())
+    (entry,) = manifest["source"]["files"]
+    cases = [("text", "source: is not a record of the builtin corpus or of files"), ({"files": "corpus.txt"}, "source.files: is not a list"),
+             ({"files": [{"path": entry["path"]}]}, "source.files[0]: is not a file's path, bytes and sha256"),
+             ({"files": [{**entry, "bytes": "12"}]}, "source.files[0].bytes: is not a whole number of bytes"),
+             ({"files": [{**entry, "path": 3}]}, "source.files[0].path: is not text, or names a file named before"),
+             ({"files": [entry, entry]}, "source.files[1].path: is not text, or names a file named before"),
+             ({"files": [{**entry, "sha256": None}]}, "source.files[0].sha256: is not a sha256 in hex"),
+             ({"builtin": 3}, "source.builtin: is not text")]
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    for source, says in cases:
+        _edited(where, lambda m: m.update(source=source))
+        with pytest.raises(BlockforgeError) as refused:
+            prepare(request, where, progress=False)
+        assert str(refused.value) == (f"{where}/manifest.json: is not the manifest of a prepared set ({says}); choose another --out, "
+                                      "or remove the folder to prepare into it"), str(refused.value)
+        with pytest.raises(DataError, match=rf"^data.prepared: {where}/manifest.json is not the manifest of a prepared set \({re.escape(says)}"):
+            _open(cfg, where)
+        (unfinished / STARTED).write_text(json.dumps({"fingerprint": manifest["fingerprint"], "source": source}))
+        with pytest.raises(BlockforgeError, match=rf"^{unfinished}/{STARTED}: is damaged \({re.escape(says)}.*remove the folder to start over"):
+            prepare(request, unfinished, progress=False)
 
 
 def test_an_interrupted_preparation_publishes_nothing_and_a_rerun_continues_by_part(tmp_path, text_config, text_file, monkeypatch):

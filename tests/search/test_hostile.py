@@ -1,6 +1,7 @@
 """Hostile search inputs: each bad search file or flag is one sentence on stderr naming the file (or the
 flag) and the key path, exit status 2, within seconds, before any trial, and leaves no search.json."""
 
+import json
 import os
 import socket
 import subprocess
@@ -80,6 +81,9 @@ CASES = {
     "name with a slash": ({"name": "a/b"}, [], "name"),
     "name with a control character": ({"name": "a\x01b"}, [], "name"),
     "name empty": ({"name": ""}, [], "name"),
+    # a tracker's project is a name: an empty one is said to be empty
+    "tracking project blank": ({"tracking": {"report_to": ["wandb"], "project": "  "}}, [], "tracking.project: is empty; give a W&B project name"),
+    "tracking entity empty": ({"tracking": {"entity": ""}}, [], "tracking.entity: is empty; give a W&B entity name"),
     # objectives and constraints: what a cost axis may say
     "objectives empty": ({"objective": None, "objectives": []}, [], "objectives"),
     "objectives not a list": ({"objective": None, "objectives": {"metric": "val_loss"}}, [], "objectives"),
@@ -278,3 +282,196 @@ def test_a_set_with_a_cut_shard_is_refused_before_ray_starts(tmp_path, capsys, m
     err = capsys.readouterr().err.strip()
     assert f"data.prepared: {shard} holds" in err and "prepare the set again" in err and "Traceback" not in err, err
     assert not (tmp_path / "out" / "search.json").exists()
+
+
+# ---- ledger rows of the wrong types or values: not records, as a cut or garbled line is not ----------------------------
+
+BAD_FIELDS = [
+    ("metrics.train_spikes", "3"), ("metrics.train_spikes", float("nan")), ("metrics.train_spikes", float("inf")),
+    ("metrics.train_spikes", -1), ("metrics.val_loss", "low"), ("alpha", "0.25"), ("alpha", float("nan")), ("alpha", float("inf")),
+    ("alpha", 1.5), ("post_ln_layers", "1"), ("post_ln_layers", float("inf")), ("post_ln_layers", -1), ("post_ln_layers", True),
+    ("uniform_pre", "no"), ("uniform_pre", 0), ("costs.parameters", "many"),
+]
+
+
+def _set_field(record: dict, key: str, value) -> dict:
+    record = json.loads(json.dumps(record))
+    *parents, last = key.split(".")
+    held = record
+    for part in parents:
+        held = held.setdefault(part, {})
+    held[last] = value
+    return record
+
+
+GOOD_ROW = {"cell": "depth=4", "trial": 3, "status": "completed", "stage": "explore", "seed": 0, "model": "m", "uniform_pre": False,
+            "identity": "i", "overrides": {ALPHA: 0.25}, "alpha": 0.25, "post_ln_layers": 1, "steps": 30, "metric": "val_loss",
+            "value": 5.0, "metrics": {"val_loss": 5.0, "train_spikes": 2, "train_rise": 0.1}, "costs": {"parameters": 1000.0},
+            "wall_s": 1.0, "duplicate_of": None, "run_dir": "trials/depth=4/i", "note": "", "promoted": "", "retry": False, "unstable": "", "seq": 4}
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
+def test_a_ledger_row_of_the_wrong_type_or_value_is_not_a_record(key, value):
+    from blockforge.search.records.ledger import parse_record
+
+    assert parse_record(json.dumps(GOOD_ROW)) is not None
+    assert parse_record(json.dumps(_set_field(GOOD_ROW, key, value))) is None
+    # a model every layer of which is Pre-LN has no Post-LN layer
+    assert parse_record(json.dumps({**GOOD_ROW, "uniform_pre": True, "post_ln_layers": 0})) is not None
+    assert parse_record(json.dumps({**GOOD_ROW, "uniform_pre": True, "post_ln_layers": 2})) is None
+
+
+@pytest.fixture(scope="module")
+def stability_folder(tmp_path_factory):
+    """A Mix-LN search with a stability check, driven without Ray (alpha 0.25 is best), and the view's answer."""
+    import blockforge
+    from blockforge.io import atomic_write_json
+    from blockforge.search.config import MARKER, folder_marker
+    from blockforge.search.run.searcher import CellSearcher
+
+    from .conftest import drive
+
+    tmp = tmp_path_factory.mktemp("ledger")
+    plan = load_search(write_search(tmp, cells={"model.depth": [4]}, scheduler=None, trials_per_cell=2, baselines=[], sampler={"grid": {}},
+                                    confirm={"top": 1, "seeds": 2, "stability": {"lr_max": 0.1, "resolution": 2.0}},
+                                    space={ALPHA: {"grid": [0.0, 0.25]}}))
+
+    def value(config):
+        overrides = dict(config["overrides"])
+        return 5.0 + 0.4 * abs(overrides[ALPHA] - 0.25) + 0.01 * overrides["train.seed"]
+
+    def stability(config):
+        lr = dict(config["overrides"]).get("train.lr", 3e-3)
+        return {"unstable": "" if lr <= 0.02 else "its loss rose", "train_spikes": 1}
+
+    folder = tmp / "s"
+    drive(CellSearcher(plan, str(folder)), value, extra=stability, limit=500)
+    atomic_write_json(folder / MARKER, folder_marker(plan, None))
+    return folder, _answer(blockforge.open_search(folder))
+
+
+def _answer(search) -> tuple:
+    answer = search.cells()["depth=4"]
+    return answer.claim, answer.stability.answer, search.results().to_dict("list")
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS[:-1], ids=[f"{k}={v!r}" for k, v in BAD_FIELDS[:-1]])
+def test_ledger_rows_of_the_wrong_type_are_read_as_damaged_lines_by_a_view(stability_folder, tmp_path, capsys, key, value):
+    """A view reads a row of the wrong type as it reads a garbled line: the other copy's record stands, and one warning
+    names the lines (never a traceback in results() or the stability check, or Pre-LN's verdict for a Mix-LN model)."""
+    import shutil
+
+    import blockforge
+
+    source, undamaged = stability_folder
+    folder = tmp_path / "s"
+    shutil.copytree(source, folder)
+    copy = folder / "trials.backup.jsonl"  # read after trials.jsonl: its record of a trial is the one a view keeps
+    rows = [json.loads(line) for line in copy.read_text().splitlines()]
+    damaged = [i for i, row in enumerate(rows) if row["alpha"] == 0.25 and row["status"] == "completed"]
+    for i in damaged:
+        rows[i] = _set_field(rows[i], key, value)
+    copy.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    capsys.readouterr()
+    assert _answer(blockforge.open_search(folder)) == undamaged
+    warned = [line for line in capsys.readouterr().err.splitlines() if "trials.backup.jsonl are not records" in line]
+    assert len(warned) == 1 and f"line(s) {damaged[0] + 1}, " in warned[0], warned
+
+
+def test_a_folder_where_a_report_file_belongs_is_one_sentence_naming_it(stability_folder, tmp_path):
+    """Each file the reports write (summary.md, results.csv, stability.json, the figures, best/...), found a folder: one
+    sentence naming it, not a traceback; once it is moved aside the reports are written."""
+    import shutil
+
+    import blockforge
+    from blockforge.io import FolderInTheWay
+    from blockforge.search.records.ledger import Ledger
+    from blockforge.search.reports.report import write_reports
+
+    source, _ = stability_folder
+    folder = tmp_path / "s"
+    shutil.copytree(source, folder)
+    plan = blockforge.open_search(folder).plan
+    before = {p for p in folder.rglob("*") if p.is_file()}
+    write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+    written = sorted(p for p in folder.rglob("*") if p.is_file() and p not in before)
+    assert {"summary.md", "results.csv", "stability.json", "optuna.journal"} <= {p.name for p in written}, written
+    for path in written:
+        path.unlink()
+        (path / "kept").mkdir(parents=True)
+        with pytest.raises(FolderInTheWay) as refused:
+            write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+        assert str(refused.value) == (f"{path}: is a folder where a file belongs ({path.name} is written there); move the folder "
+                                      "aside or remove it")
+        shutil.rmtree(path)
+    write_reports(folder, plan, Ledger(folder / "trials.jsonl"))
+    assert all(p.is_file() for p in written)
+
+
+RAY_ENVIRONMENT = [
+    ("RAY_memory_usage_threshold", "abc", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_usage_threshold", "", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_usage_threshold", "1.5", "a fraction of a node's memory from 0 to 1"),
+    ("RAY_memory_monitor_refresh_ms", "0.5", "a whole number of milliseconds, 0 or more"),
+    ("RAY_AUTH_MODE", "tokn", "disabled or token"),
+    ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "yes", "1 or 0 (true or false)"),
+    ("TUNE_GLOBAL_CHECKPOINT_S", "soon", "a number of seconds, or auto"),
+]
+
+
+@pytest.mark.parametrize("name,value,accepts", RAY_ENVIRONMENT, ids=[f"{n}={v!r}" for n, v, _ in RAY_ENVIRONMENT])
+def test_a_ray_setting_ray_cannot_read_is_one_sentence_before_ray_is_imported(tmp_path, capsys, monkeypatch, name, value, accepts):
+    """Ray reads its settings from the environment as it is imported, and crashes (SIGSEGV) on a number it cannot read or takes
+    a flag it does not know for false: `search` and `prepare` name the variable, its value and what it takes, first."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+
+    def no_ray():
+        raise AssertionError("Ray was imported before its settings were checked")
+
+    monkeypatch.setattr("blockforge.cluster._import_ray", no_ray)
+    monkeypatch.setenv(name, value)
+    said = f"{name}={value!r} in the environment is not {accepts}"
+    for argv in (["search", str(path), "--out", str(tmp_path / "out")],
+                 ["prepare", str(tmp_path / "tiny.yaml"), "--out", str(tmp_path / "set"), "--address", "127.0.0.1:1"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert said in line and f"set {name} to one, or unset it" in line, line
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_ray_setting_that_crashes_ray_is_one_sentence_in_a_real_process(tmp_path):
+    """The same in a process of its own, where `import ray` itself would end the process with SIGSEGV and no message."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+    env = dict(os.environ, RAY_memory_usage_threshold="abc", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1 and "RAY_memory_usage_threshold='abc' in the environment" in err, (done.returncode, err)
+
+
+def test_a_broken_tracker_install_stops_no_search_and_a_report_in_a_folders_place_is_one_sentence_on_resume(tmp_path, capsys, ray_session):
+    """A Python whose `import wandb` and `import mlflow` raise (a broken install): Ray Tune imports both for its own
+    integrations, whatever the search asks for. A search that asks for W&B gets one warning naming it and runs on without
+    it; MLflow, not asked for, is not said at all. Then a report of the finished search that is a folder: `--resume` says so
+    in one sentence naming it, with the resume line."""
+    broken = tmp_path / "broken"
+    for name in ("wandb", "mlflow"):
+        (broken / name).mkdir(parents=True)
+        (broken / name / "__init__.py").write_text(f"raise RuntimeError('this {name} install is broken')\n")
+    path = write_search(tmp_path, cells={"model.depth": [2]}, trials_per_cell=1, baselines=[], scheduler=None,
+                        overrides={"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2, "train.log_every": 1},
+                        tracking={"report_to": ["wandb"]})
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(broken), *filter(None, [os.environ.get("PYTHONPATH")])]), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "blockforge", "search", str(path), "--out", str(out)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    (line,) = done.stderr.strip().splitlines() or [""]
+    assert done.returncode == 0 and "tracking: wandb failed importing its package (RuntimeError: this wandb install is broken)" in line, done.stderr
+    assert [json.loads(x)["status"] for x in (out / "trials.jsonl").read_text().splitlines()][-1] == "completed"
+    (out / "results.csv").unlink()
+    (out / "results.csv").mkdir()
+    capsys.readouterr()
+    assert main(["search", str(path), "--out", str(out), "--resume", "--set", "tracking.report_to=[]"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"blockforge: error: {out / 'results.csv'}: is a folder where a file belongs") and "then resume with:" in line, line

@@ -377,3 +377,25 @@ def test_a_run_started_again_from_its_first_step_is_a_new_attempt_in_the_tracker
     assert set(by_name) == {"trial 0", "trial 0 (attempt 2)"}
     assert mlflow_curve(client, by_name["trial 0 (attempt 2)"]) == [(10, "train/loss", -2.0), (10, "train/tok_per_s", 2000.0)]
     assert mlflow_curve(client, by_name["trial 0"]) == curve_of(first)
+
+
+def test_a_package_that_fails_as_it_imports_is_absent_inside_the_block_and_restored_after(tmp_path, monkeypatch):
+    """What a search does before Ray Tune imports W&B and MLflow itself: a package that raises as it imports (not only
+    ImportError) is absent inside the block, so `import` raises ImportError, which Tune takes for "not installed"; one
+    that imports, or is simply not installed, is left as it is; after the block the broken one is tried again."""
+    from blockforge.tracking import broken_packages_absent
+
+    (tmp_path / "broken_tracker").mkdir()
+    (tmp_path / "broken_tracker" / "__init__.py").write_text("raise RuntimeError('this install is broken')\n")
+    (tmp_path / "fine_tracker.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with broken_packages_absent(("broken_tracker", "fine_tracker", "no_such_tracker")) as absent:
+        assert absent == ("broken_tracker",)
+        with pytest.raises(ImportError):
+            import broken_tracker  # noqa: F401
+        import fine_tracker
+
+        assert fine_tracker.VALUE == 1
+    with pytest.raises(RuntimeError, match="this install is broken"):
+        import broken_tracker  # noqa: F401,F811
+    sys.modules.pop("fine_tracker", None)

@@ -183,6 +183,9 @@ RECIPES = [
     ("generate --temperature inf", lambda c: ["generate", str(c.export), "--prompt", "x", "--temperature", "inf"], 2, "--temperature must be a finite number"),
     ("generate --top-p nan", lambda c: ["generate", str(c.run), "--prompt", "x", "--top-p", "nan"], 2, "--top-p must lie in (0, 1]"),
     ("generate --top-k 0", lambda c: ["generate", str(c.export), "--prompt", "x", "--top-k", "0"], 2, "--top-k must be at least 1"),
+    ("generate --seed 2**64", lambda c: ["generate", str(c.run), "--prompt", "x", "--seed", str(2**64)], 2,
+     "--seed must be a whole number from 0 to 2**64 - 1 (18446744073709551615), not 18446744073709551616"),
+    ("generate --seed -1", lambda c: ["generate", str(c.export), "--prompt", "x", "--seed", "-1"], 2, "--seed must be a whole number from 0"),
     ("eval --batches -3", lambda c: ["eval", str(c.run), "--batches", "-3"], 2, "--batches"),
     ("eval --batches 0", lambda c: ["eval", str(c.run), "--batches", "0"], 2, "--batches"),
 ]

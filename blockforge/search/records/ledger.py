@@ -14,6 +14,7 @@ appended, because a whole file cannot be appended to there; the segments are fol
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -89,12 +90,13 @@ LEGACY_PROMOTED = "promoted:"  # ledgers written before `promoted` was a field k
 # What a record's fields must hold to be one (a line of any other JSON, or a field of another type, is not a record).
 _KINDS = {"cell": str, "trial": int, "status": str, "stage": str, "seed": int, "model": str, "identity": str, "overrides": dict,
           "steps": int, "metric": str, "metrics": dict, "costs": dict, "run_dir": str, "note": str, "promoted": str, "seq": int,
-          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None)), "retry": bool, "unstable": str}
+          "value": (int, float, type(None)), "wall_s": (int, float), "duplicate_of": (int, type(None)), "retry": bool, "unstable": str,
+          "uniform_pre": bool, "alpha": (int, float, type(None)), "post_ln_layers": (int, type(None))}
 
 
 def parse_record(line: str) -> TrialRecord | None:
     """A ledger line as a record; None for a blank line, one cut short by a kill, or one that is not a record (another JSON
-    value, a field of the wrong type, a status or stage no search writes)."""
+    value, a field of the wrong type or out of its range, a status or stage no search writes)."""
     try:
         data = json.loads(line)
     except ValueError:
@@ -102,14 +104,37 @@ def parse_record(line: str) -> TrialRecord | None:
     if not isinstance(data, dict) or not {"cell", "trial", "status"} <= set(data):
         return None
     for key, kind in _KINDS.items():
-        if key in data and (not isinstance(data[key], kind) or (isinstance(data[key], bool) and kind is int)):
+        if key in data and (not isinstance(data[key], kind) or (isinstance(data[key], bool) and kind is not bool)):
             return None
     if data["status"] not in {str(s) for s in Status} or data.get("stage", StageName.EXPLORE.value) not in {s.value for s in StageName}:
+        return None
+    if not _in_range(data):
         return None
     record = TrialRecord(**{k: v for k, v in data.items() if k in FIELDS})
     if "promoted" not in data and isinstance(record.note, str) and record.note.startswith(LEGACY_PROMOTED):
         record.promoted = record.note  # an old ledger: its promotion, as the field says it now
     return record
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _in_range(data: dict) -> bool:
+    """Whether the fields of a line of the right types hold values a search writes: Mix-LN's alpha a finite fraction, a count
+    of layers or spikes a whole number of at least 0, metrics and costs numbers, and a model every layer of which is Pre-LN
+    with no Post-LN layer (the reports and the verdicts read these as they are)."""
+    alpha, layers, metrics = data.get("alpha"), data.get("post_ln_layers"), data.get("metrics", {})
+    if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
+        return False
+    if layers is not None and layers < 0:
+        return False
+    if not all(_number(v) for v in (*metrics.values(), *data.get("costs", {}).values())):
+        return False
+    spikes = metrics.get("train_spikes")
+    if spikes is not None and not (math.isfinite(spikes) and spikes >= 0 and float(spikes).is_integer()):
+        return False
+    return not (data.get("uniform_pre") and layers)
 
 
 class Ledger:

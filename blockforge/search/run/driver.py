@@ -21,7 +21,7 @@ from pathlib import Path
 
 from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray
 from blockforge.errors import BlockforgeError, WriteError, warn
-from blockforge.io import atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
+from blockforge.io import FolderInTheWay, atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.lock import RunLock
 from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_search, read_marker
 from blockforge.search.records.ledger import Ledger, TrialRecord
@@ -255,12 +255,12 @@ def resume_command(path: str | os.PathLike, search_dir: Path, overrides: list[tu
     return shlex.join(["blockforge", "search", str(path), *sets, "--out", str(search_dir), *where, "--resume"])
 
 
-def _trainable(plan: SearchPlan, store: SearchStore):
+def _trainable(plan: SearchPlan, store: SearchStore, absent: tuple[str, ...] = ()):
     from ray import tune
 
     from blockforge.search.run.trials import run_trial
 
-    trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage))
+    trainable = tune.with_parameters(run_trial, plan=plan, search=str(store.storage), absent=absent)
     if plan.transfer is None or plan.transfer.resources is None:
         return tune.with_resources(trainable, {"cpu": plan.resources.cpu, "gpu": plan.resources.gpu})
     from ray.tune import PlacementGroupFactory
@@ -408,11 +408,16 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
                                rebuild: bool, command: str) -> None:
     """_fit; where the driver's own writes (the ledger) fail on a full disk or a storage gone, the failure is noted on
     `interrupts` as a trial's is (the search then stops with its sentence); a Ray failure is raised as its sentence."""
+    from blockforge.tracking import broken_packages_absent
+
     try:
-        _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild)
+        with broken_packages_absent() as absent:  # before Tune imports W&B and MLflow itself
+            _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild, absent=absent)
     except Exception as err:
         if interrupts.phase != "fit":
             raise
+        if isinstance(err, FolderInTheWay):  # a report's file (the live view's) is a folder: the search stops, resumable
+            raise FolderInTheWay(f"{err}, then resume with: {command}") from None
         if interrupts.write_failure is None:  # else Tune ending after a trial's failed write (e.g. its state lost too)
             reason = _write_failure_in(err)
             if reason is None:
@@ -484,7 +489,10 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                                  f"{interrupts.resume_command}")
             view.update(force=True, journal=False)  # the reports below rebuild every view
             view.close()
-            summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
+            try:
+                summary = _report(plan, store, ledger, tracking, stopped=interrupts.signal is not None)
+            except FolderInTheWay as err:  # every trial is kept: the reports follow on resume
+                raise FolderInTheWay(f"{err}, then resume with: {command}; every trial is kept, and the resume writes the reports") from None
             tracking = None
             said = outside_failures(ledger.records(), command)
             if said is not None and interrupts.signal is None and any(r.status in (Status.COMPLETED, Status.DIVERGED) for r in ledger.records()):
@@ -642,9 +650,10 @@ class _Silent:
 
 
 def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
-         rebuild: bool = False) -> None:
+         rebuild: bool = False, absent: tuple[str, ...] = ()) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
-    the ledger, its saved state set aside (it holds trials as errored that the search trains again)."""
+    the ledger, its saved state set aside (it holds trials as errored that the search trains again). `absent`: packages that
+    fail as they import, absent in the trials' processes too."""
 
     # Ray's Optuna wrapper logs every exhausted grid as a warning; the ledger says it better.
     logging.getLogger("ray.tune.search.optuna.optuna_search").setLevel(logging.ERROR)
@@ -664,7 +673,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from blockforge.search.run.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
-    trainable = _trainable(plan, store)
+    trainable = _trainable(plan, store, absent)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
     interrupts.check()
     damaged = _damaged_tune_state(store) if resume else None

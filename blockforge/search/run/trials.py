@@ -96,13 +96,16 @@ def _report_recorded_end(config: dict, plan: SearchPlan, storage: Storage) -> bo
     return True
 
 
-def run_trial(config: dict, plan: SearchPlan, search: str) -> None:
+def run_trial(config: dict, plan: SearchPlan, search: str, absent: tuple[str, ...] = ()) -> None:
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
-    `search`: the search folder, a local path or a URI (blockforge.storage)."""
+    `search`: the search folder, a local path or a URI (blockforge.storage). `absent`: packages the driver found broken (a
+    tracker's), absent here too, so nothing Ray Tune imports in this process meets them."""
     from blockforge.errors import BlockforgeError, FolderInUseError
     from blockforge.search.records.store import Superseded
     from blockforge.search.stages.base import FAILURE
+    from blockforge.tracking import absent as make_absent
 
+    make_absent(absent)
     storage = search
     try:
         storage = Storage.open(search)  # inside: a node that cannot open the storage stops the search, it does not fail trials
