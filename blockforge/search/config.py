@@ -778,11 +778,13 @@ class _Loader:
             where = "objectives[0].metric" if self.spec.objectives else "objective.metric"
             raise self.fail(f"'{objective.metric}' is not reported by model.family {recipe.model.family}; choose one of: {', '.join(reported)}",
                             where)
-        for i, (cost, _) in enumerate(costs):
+        named = [(cost, f"objectives[{i + 1}].cost") for i, (cost, _) in enumerate(costs)]
+        named += [(cost, f"constraints.{cost}") for cost in self.spec.constraints]
+        for cost, where in named:
             if cost in LANGUAGE_COSTS and family.sample_unit != "tok":
                 what = "tokens trained per second" if cost == "train_tokens_per_s" else "a KV cache, generated tokens"
                 raise self.fail(f"{cost} is a language model's cost ({what}); model.family {recipe.model.family} has none: choose "
-                                "parameters or train_flops_per_token", f"objectives[{i + 1}].cost")
+                                "parameters, non_embedding_parameters, train_flops_per_token or peak_train_memory_bytes", where)
 
 
 def _check_asha(asha: Asha | None, settings: dict[str, CellSettings], warmup: dict[str, int], fixed: list, fail) -> list[str]:
@@ -835,10 +837,12 @@ def _check_length(spec: SearchFile, plan: SearchPlan, fail) -> None:
     targets = set(plan.target_names())
     for name in plan.all_names():
         recipe = plan.recipe(plan.trial_overrides(plan.cell(name), {}))
-        available = _data_bytes(recipe)
+        available = _data_bytes(recipe)  # text only: images are trained for many passes by design
+        if not available:
+            continue
         factor = longest if name not in targets else 1.0
         tokens = factor * recipe.train.steps * recipe.train.batch_size * recipe.model.context
-        if available and tokens * 2 / available > MAX_EPOCHS:
+        if tokens * 2 / available > MAX_EPOCHS:
             what, where = (f"transfer target {name}", "transfer.to") if name in targets else (f"cell {name}", "steps")
             if factor > 1:
                 what, where = f"cell {name} continued to {factor:g}x its steps", "confirm.length.factors"

@@ -8,9 +8,17 @@ import yaml
 from tiny_data import tiny_recipe
 
 
-def write_search(folder: Path, **changes) -> Path:
-    """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus; `changes` replace top-level keys."""
-    recipe = tiny_recipe(folder, alpha=0.25, depth=4)
+TINY_VIT = {"family": "vit", "width": 32, "depth": 4, "heads": 2, "ffn": 64, "image_size": 8, "patch_size": 2, "channels": 1,
+            "classes": 10, "layers": {"mix_ln": {"alpha": 0.25}}}
+
+
+def write_search(folder: Path, family: str = "llama", **changes) -> Path:
+    """A tiny search (2 cells, alpha searched, ASHA, TPE) on a generated corpus (a llama) or scikit-learn's digits (a vit,
+    `family="vit"`); `changes` replace top-level keys."""
+    if family == "vit":
+        recipe = {"model": dict(TINY_VIT), "data": {"source": "digits"}}
+    else:
+        recipe = tiny_recipe(folder, alpha=0.25, depth=4)
     recipe["train"] = {"steps": 30, "batch_size": 4, "lr": 3e-3, "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10,
                        "log_every": 5, "grad_norm_every": 0}
     (folder / "tiny.yaml").write_text(yaml.safe_dump(recipe))
