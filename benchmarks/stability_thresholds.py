@@ -174,13 +174,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the machine's cores, shared by what else runs on them)")
     args = parser.parse_args()
     if args.from_json:
-        runs = json.loads(args.from_json.read_text())
+        runs = [r for r in json.loads(args.from_json.read_text()) if r["status"] in ("completed", "diverged")]
         return record(runs, args.record) if args.record else summarize(runs, 0.0)
     import torch
 
     torch.set_num_threads(args.threads)
     depths, alphas, seeds = ([4], [0.0, 0.25], [0]) if args.quick else ([4, 8, 12], [0.0, 0.25, 1.0], [0, 1])
-    done = json.loads(args.json.read_text()) if args.json and args.json.exists() else []  # a stopped run goes on
+    done = json.loads(args.json.read_text()) if args.json and args.json.exists() else []  # a stopped benchmark goes on
+    done = [r for r in done if r["status"] in ("completed", "diverged")]  # a run stopped with it trains again
     have = {(r["depth"], r["alpha"], r["seed"], r["lr"]) for r in done}
     runs, started = list(done), time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -870,6 +870,9 @@ def _check_lr_curve(spec: SearchFile, plan: SearchPlan, load: "_Loader", fail) -
     for name in plan.cell_names():
         where = f" (cell {name})" if len(plan.cell_names()) > 1 else ""
         shared = plan.shared_lr(name)
+        if key == "confirm.lr_curve" and check.lr_min is not None and not check.lr_min < shared:
+            raise fail(f"{check.lr_min:g} is not below the search's learning rate {shared:g}{where}; the curve starts below it (to tell a "
+                       "collapse from a model that did not train): give a lower one, or leave it out for one coarse step below", key_of("lr_min"))
         if not check.lr_max > shared:
             raise fail(f"{check.lr_max:g} is not above the search's learning rate {shared:g}{where}; the curve goes from below it up "
                        "to lr_max: give a larger one, e.g. 30 times it", key_of("lr_max"))

@@ -206,7 +206,7 @@ class LrCurve:
     run is. `confirm.lr` ({grid}) and `confirm.stability` ({lr_max, ...}) ask for this same curve."""
 
     lr_max: float = bounded(above=0, at_most=1000, why="is a learning rate and ", help="the highest learning rate probed, above the search's, e.g. 0.1")
-    lr_min: float | None = bounded(None, above=0, at_most=1000, why="is a learning rate and ", note="default: one coarse step below the search's")
+    lr_min: float | None = bounded(None, above=0, at_most=1000, why="is a learning rate and ", note="below the search's, rounded down onto the grid; default: one coarse step below the search's")
     step: float = bounded(2.0, above=1, at_most=10, why="is the factor between the curve's coarse learning rates and ")
     resolution: float = bounded(1.25, above=1, why="is the factor the edge is found within and ", note="and at most step")
     below: int = bounded(2, at_least=0, at_most=8, why="is how many coarse steps the curve may grow below lr_min and ")
@@ -346,8 +346,9 @@ class Guide:
 class Confirm:
     """After a cell's exploration: its `top` best distinct models and its baselines, each trained to the full
     budget with `seeds` further training seeds; racing adds seeds to the two leaders (and the Pre-LN
-    reference) until their interval excludes zero or `max_seeds` further seeds are spent. With `lr`, the
-    finalists and the reference are also trained over a grid of learning rates."""
+    reference) until their interval excludes zero or `max_seeds` further seeds are spent. With `lr_curve` (or the keys that
+    ask for the same curve, `lr` and `stability`), the finalists, baselines and the reference are also trained over a
+    learning-rate curve."""
 
     top: int = bounded(2, at_least=1)
     seeds: int = bounded(2, at_least=1, note="one more seed gives two replicates")

@@ -23,7 +23,7 @@ of such steps). Spikes are counted, not judged: runs near the edge of stability 
 spikes and recovers is not unstable by the rule above (a single spike moves a window's mean by 1/window of its height).
 
 The thresholds (RULE) come from measurements of healthy and unstable runs at the sizes this project trains on CPUs
-(benchmarks/stability_thresholds.py; docs/concepts/evidence.md says what they were and why these values). The monitor is
+(benchmarks/stability_thresholds.py; docs/studies/stability.md gives what they were and why these values). The monitor is
 fed every step's loss in order by the training loop, when it reads them from the device, so it costs no extra device
 synchronization; its state is plain JSON kept in every checkpoint, so a resumed run is judged as an uninterrupted one.
 """

@@ -352,7 +352,7 @@ def stability_folder(tmp_path_factory):
 
 def _answer(search) -> tuple:
     answer = search.cells()["depth=4"]
-    return answer.claim, answer.stability.answer, search.results().to_dict("list")
+    return answer.claim, answer.curves.answer, search.results().to_dict("list")
 
 
 @pytest.mark.parametrize("key,value", BAD_FIELDS[:-1], ids=[f"{k}={v!r}" for k, v in BAD_FIELDS[:-1]])

@@ -212,6 +212,7 @@ def test_without_a_curve_nothing_changes(tmp_path):
 @pytest.mark.parametrize("key, settings, where, says", [
     ("lr_curve", {"lr_max": 0.002}, "confirm.lr_curve.lr_max", "is not above the search's learning rate 0.003"),
     ("lr_curve", {"lr_max": 0.1, "lr_min": 0.2}, "confirm.lr_curve.lr_min", "must lie below lr_max"),
+    ("lr_curve", {"lr_max": 0.1, "lr_min": 0.005}, "confirm.lr_curve.lr_min", "is not below the search's learning rate 0.003"),
     ("lr_curve", {"lr_max": 1e308}, "confirm.lr_curve.lr_max", "must lie in (0, 1000]"),
     ("lr_curve", {"lr_max": 0.1, "resolution": 1.000001}, "confirm.lr_curve.resolution", "more than 256"),
     ("stability", {"lr_max": 0.1, "resolution": 1.000001}, "confirm.stability.resolution", "more than 256"),

@@ -75,6 +75,7 @@ class StabilityFit:
     versus_pre: tuple[float, float | None, float | None] | None = None  # depth exponent minus Pre-LN's, 95% interval (None: none)
     versus_cells: list[str] = field(default_factory=list)  # the cells that comparison is over
     versus_dof: int = 0
+    versus_note: str = ""  # why there is no comparison with Pre-LN's exponent, where the kind has cells but no comparison
 
     @property
     def terms(self) -> list[str]:
@@ -107,7 +108,7 @@ class StabilityFit:
 
     def versus_text(self) -> str:
         if self.versus_pre is None:
-            return "-"
+            return self.versus_note or "-"
         d, lo, hi = self.versus_pre
         if lo is None:
             return f"{d:+.2f} (cannot tell: {len(self.versus_cells)} cells in common)"
@@ -145,6 +146,8 @@ class StabilityLaw:
         lines = []
         for f in self.fits:
             if f.versus_pre is None:
+                if f.versus_note:
+                    lines.append(f"{f.kind} (warm-up {f.warmup:g}): its edge against Pre-LN's with depth: {f.versus_note}")
                 continue
             d, lo, hi = f.versus_pre
             cells = ", ".join(f.versus_cells)
@@ -248,12 +251,17 @@ def stability_law(plan: SearchPlan, curves: dict[str, LrCurves | None], evidence
 def _versus_pre(f: StabilityFit, fits: list[StabilityFit], step: float) -> None:
     """The kind's depth exponent minus Pre-LN's, over the cells both have exact edges in, fitted on their log ratios."""
     pre = next((g for g in fits if g.kind == "Pre-LN" and g.warmup == f.warmup), None)
-    if f.kind == "Pre-LN" or pre is None:
+    if f.kind == "Pre-LN":
+        return
+    if pre is None:
+        f.versus_note = "cannot tell: Pre-LN has no law at this warm-up (no exact edges in two cells of different size)"
         return
     theirs = {p.cell: p for p in pre.points}
     common = [p for p in f.points if p.cell in theirs]
     terms = _terms(common)
     if "log depth" not in terms:
+        cells = ", ".join(p.cell for p in common) or "none"
+        f.versus_note = f"cannot tell: the cells it shares with Pre-LN ({cells}) do not vary in depth"
         return
     ratio = [math.log(p.largest) - math.log(theirs[p.cell].largest) for p in common]
     fit = fit_cells(common, terms, ratio, step)

@@ -30,7 +30,8 @@ COLUMNS = ["cell", "trial", "stage", "status", "seed", "alpha", "post_ln_layers"
 
 class StageName(str, Enum):
     """The one stage vocabulary: ledger records, the searcher's stages, compute plans and reports. A trial record's
-    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr, length, stability or transfer."""
+    stage is explore, confirm (a finalist's replicate, racing's and promotion's included), lr, length or transfer (stability:
+    a probe recorded by a search from before the learning-rate curve, still read)."""
 
     EXPLORE = "explore"
     CONFIRM = "confirm"

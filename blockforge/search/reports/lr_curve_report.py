@@ -37,7 +37,7 @@ def curves_markdown(found: Findings, rule: Rule = RULE) -> str:
     parts = [f"## Learning-rate curves: best learning rate, edge and LR sensitivity\n\nA run is unstable when it diverges, {rule.text()} "
              "(blockforge/train/stability.py). Per candidate, seed and warm-up the final validation loss is measured over one log grid "
              "of learning rates (blockforge/search/checks/lr_curve.py): the best learning rate is the coarse point with the best mean "
-             "over seeds (unstable runs count at the initial loss ln V); the edge is the largest stable learning rate, its geometric "
+             "over seeds (unstable runs count at the initial loss l0, ln of the vocabulary or of the classes); the edge is the largest stable learning rate, its geometric "
              "mean over seeds with a 95% t interval and its ratio to Pre-LN's paired by seed, whose interval is widened by one grid "
              "step (`less stable` or `more stable` only when that interval excludes 1; `>=` marks a lower bound: stable up to lr_max); "
              "the LR sensitivity (Wortsman et al. 2023) is the mean of min(loss, initial loss) over the fixed range minus the best "

@@ -180,7 +180,7 @@ def curve_line(plan: SearchPlan) -> str:
     key = curve_key(plan)
     asked = "" if key == "confirm.lr_curve" else f"{key} ask{'s' if ' and ' not in key else ''} for the learning-rate curve (confirm.lr_curve): "
     return (f"lr curve: {asked}each finalist, baseline and the Pre-LN reference, per seed of the confirmation and per warm-up "
-            f"({len(warmups(plan))}), trained from {g.lr(g.bottom):.3g} (down to {g.lr(g.floor):.3g} while its lowest point is the best) "
+            f"({len(warmups(plan))}), trained from {g.lr(g.bottom):.3g} (lr_min on the grid; down to {g.lr(g.floor):.3g} while its lowest point is unstable or the best) "
             f"to lr_max {g.high:g} in coarse steps of x{g.step ** g.every:.3g}, up until a run is unstable, the edge found within x{g.step:.3g}: "
             f"at most {chain_probes(g)} probes a chain (probes of {length}), counted in trials of the cell's own length.")
 

@@ -4,7 +4,7 @@ finished one are told apart wherever the answer is shown (the Python view, the l
 A cell's answer is **provisional** while any of its trials is running or was stopped (interrupted), or while a stage
 its plan has has not given what it gives: exploration (no confirmation trial yet; without confirmation, fewer explored
 trials than its budget), confirmation (the winner lacks the confirmation's seeds), racing (the leaders are not separated
-and seeds are left), and the checks (the learning-rate grid, the longer lengths, the stability chains), or a transfer
+and seeds are left), and the checks (the longer lengths, the learning-rate curves), or a transfer
 target's outcome. It says how many trials trained against the cell's worst case, and which stages are pending.
 """
 
@@ -33,7 +33,7 @@ class Progress:
         return not self.running and not self.pending
 
     def text(self) -> str:
-        """'final', or 'provisional: 12 of at most 45 trials trained, 2 running; pending: confirmation, stability'."""
+        """'final', or 'provisional: 12 of at most 45 trials trained, 2 running; pending: confirmation, lr curve'."""
         if self.final:
             return "final"
         trained = f"{self.trained} of at most {self.planned} trials trained" if self.planned else f"{self.trained} trials trained"

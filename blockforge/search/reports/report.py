@@ -167,7 +167,7 @@ def basis_section(found: Findings) -> list[str]:
             curves = found.curves[cell]
             text += "; lr curve: " + (f"{curves.answer}; {curves.probe_text()}" if curves else "not trained yet")
         else:
-            text += "; lr curve: none (confirm.lr_curve trains the finalists, baselines and Pre-LN over learning rates)"
+            text += "; lr curve: none (confirm.lr_curve trains the finalists and baselines over learning rates)"
         lines.append(text + ".")
     return lines
 
