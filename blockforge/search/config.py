@@ -244,6 +244,7 @@ class SearchPlan:
     constraints: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # cost -> (min, max)
     adjustments: list[str] = field(default_factory=list)  # what loading changed in the recipes, each a sentence the driver prints
     search_data: dict = field(default_factory=dict)  # the search file's data as read: search.json keeps it with base_data
+    memory_needs: dict[str, int] = field(default_factory=dict)  # cell -> bytes per process of its largest model (the driver plans it)
     guide: Guide | None = None  # law-guided cells (spec/search.py Guide)
     order: list[str] = field(default_factory=list)  # with guide: the proxy cells in the order they run (the first guide the rest)
     keep_checkpoints: int | None = None  # each trial's newest whole checkpoints kept (None: thinned to final weights when done)

@@ -112,13 +112,15 @@ class Trainer:
     """One training run. `callbacks` are called as callback(trainer, Step) after every optimizer step."""
 
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
-                 callbacks: list[Callable[["Trainer", Step], None]] | None = None, keep_checkpoints: int = KEEP):
+                 callbacks: list[Callable[["Trainer", Step], None]] | None = None, keep_checkpoints: int = KEEP,
+                 planned_memory: int | None = None):
         self.recipe = recipe
         self.cfg = cfg = recipe.train
         self.spec = recipe.spec
         self.family = get_family(self.spec.family)
         self.callbacks = list(callbacks or [])
         self.keep_checkpoints = keep_checkpoints  # whole checkpoints kept, the newest first (a search's trials keep one)
+        self.planned_memory = planned_memory  # bytes per process a caller planned already (a search's driver): not planned again
         self.result: TrainResult | None = None  # set when the run ends
         self.last_loss: float | None = None  # the training loss of the last step read from the device
         self.run_dir = Path(run_dir)
@@ -139,7 +141,8 @@ class Trainer:
     def _set_up(self, resume: bool) -> None:
         cfg, device = self.cfg, self.device
         # Memory the machine does not have is one sentence now, not an allocator's traceback later.
-        check_fits(self.recipe, device, processes=self.world.size if device.type == "cpu" else 1, sharded=self.world.size > 1 and cfg.parallel == "fsdp")
+        check_fits(self.recipe, device, processes=self.world.size if device.type == "cpu" else 1, sharded=self.world.size > 1 and cfg.parallel == "fsdp",
+                   planned=self.planned_memory)
         if self.world.is_main:
             writable_folder(self.run_dir, "the run")
             self.lock.acquire()
@@ -151,7 +154,8 @@ class Trainer:
         self.data = dataset_for(self.recipe, run_dir=self.run_dir if self.world.is_main else None)
         self.pad_id = getattr(self.data, "pad_id", None)
         self.model = build_model(self.spec, device=device, seed=cfg.seed)
-        self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "metrics": {}, "stability": {}}
+        self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "eval_s": 0.0, "metrics": {},
+                      "stability": {}}
         checkpoint = None
         if resume:  # the newest intact checkpoint; full weights go in before any sharding
             checkpoint = resume_checkpoint(self.run_dir, self.model, self.spec, say=warn if self.world.is_main else lambda line: None)
@@ -261,7 +265,8 @@ class Trainer:
                 self.log.write({"step": result.step, "event": "stability", **result.stability.record()})
             atomic_write_json(self.run_dir / "result.json", {
                 "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
-                "elapsed": self.state["elapsed"], **({"stability": result.stability.record()} if result.stability else {}),
+                "elapsed": self.state["elapsed"], "eval_s": self.state.get("eval_s", 0.0),
+                **({"stability": result.stability.record()} if result.stability else {}),
             })
             self.log.close({"status": str(result.status), "step": result.step, **result.metrics},
                            failed=result.status in (Status.FAILED, Status.INTERRUPTED))
@@ -349,8 +354,10 @@ class Trainer:
         return Evaluation(step, {"loss": loss}, done=True, diverged=True)
 
     def _evaluate(self, step: int, loss: float) -> dict:
-        """The validation metrics after `step` (with its train loss), kept in the state and logged."""
+        """The validation metrics after `step` (with its train loss), kept in the state and logged; its time counted."""
+        started = time.perf_counter()
         metrics = evaluate(self.model, self.val_batches, self.runtime, self.pad_id)
+        self.state["eval_s"] = self.state.get("eval_s", 0.0) + time.perf_counter() - started  # (a checkpoint from before counts anew)
         metrics["train_loss"] = loss
         if self.val_baseline is not None:
             metrics["val_baseline"] = self.val_baseline

@@ -106,16 +106,26 @@ def machine_memory(device: torch.device) -> tuple[int, str] | None:
         return None
 
 
-def check_fits(recipe: Recipe, device: torch.device, *, processes: int = 1, sharded: bool = False) -> None:
+def check_fits(recipe: Recipe, device: torch.device, *, processes: int = 1, sharded: bool = False, planned: int | None = None) -> None:
     """Refuse, in one sentence and before anything is built, a run whose memory plan exceeds what the device has.
 
-    `processes` training processes share this machine's memory on the CPU (each GPU holds one)."""
+    `processes` training processes share this machine's memory on the CPU (each GPU holds one). `planned`: bytes per
+    process a caller planned already (a search's driver plans each cell's largest model before the first trial), so the
+    plan is not laid out again here."""
     room = machine_memory(device)
     if room is None:
         return
+    available, where = room
+    if planned is not None:
+        need = planned * (processes if device.type == "cpu" else 1)
+        if need > available:
+            raise BlockforgeError(
+                f"training this model needs about {need / GiB:,.1f} GiB by the memory plan of its search cell's largest model, more "
+                f"than the {available / GiB:,.1f} GiB {where}; make the model or train.micro_batch_size smaller (`blockforge inspect "
+                "RECIPE --memory` shows the plan)")
+        return
     plan = memory_plan(recipe, gpus=processes, sharded=sharded, device_type=device.type)
     need = plan.total_per_gpu * (processes if device.type == "cpu" else 1)
-    available, where = room
     if need > available:
         raise BlockforgeError(
             f"training this model needs about {need / GiB:,.1f} GiB by its memory plan ({plan.parameters:,} parameters: weights, "

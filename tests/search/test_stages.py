@@ -69,3 +69,43 @@ def test_every_stage_counts_its_own_worst_case():
 
     for stage, _ in pipeline.PROXY_STAGES + pipeline.TARGET_STAGES:
         assert issubclass(stage, Base) and stage.worst_case is not Base.worst_case, stage
+
+
+def test_a_free_slot_at_explorations_end_starts_the_baselines_confirmation_seeds_and_every_answer_stays(tmp_path):
+    """Exploration's last trial still trains and a slot is free: the baselines' first further seed (which confirmation
+    trains whatever the ranking) starts there, as the same trial (identity, seed) confirmation would queue later; the
+    search trains the same replicates and gives the same answer as one that waited at the barrier."""
+    from blockforge.search.config import OBJECTIVE
+    from blockforge.search.reports.findings import Findings
+
+    alpha = "model.layers.mix_ln.alpha"
+    settings = dict(cells={"model.depth": [4]}, scheduler=None, trials_per_cell=3, sampler={"grid": {}}, space={alpha: {"grid": [0.0, 0.25, 0.5]}},
+                    baselines=[{alpha: 0.0}, {alpha: 0.25}], confirm={"top": 1, "seeds": 2})
+    value = lambda config: 5.0 + abs(dict(config["overrides"])[alpha] - 0.25) + 0.01 * dict(config["overrides"])["train.seed"]  # noqa: E731
+
+    def finish(searcher, trial_id, config):
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value(config), "val_loss": value(config), "step": 30})
+
+    (tmp_path / "early").mkdir()
+    plan = load_search(write_search(tmp_path / "early", **settings))
+    searcher = CellSearcher(plan, str(tmp_path / "early" / "s"))
+    explored = {i: searcher.suggest(i) for i in ("a", "b", "c")}  # two slots' worth and one more: every point of the grid
+    assert all(c["stage"] == "explore" for c in explored.values())
+    finish(searcher, "a", explored["a"])
+    finish(searcher, "b", explored["b"])
+    early = searcher.suggest("d")  # "c" still trains: the free slot takes the first baseline's further seed
+    assert early is not None and early["stage"] == "confirm" and dict(early["overrides"])["train.seed"] == 1
+    assert dict(early["overrides"])[alpha] in (0.0, 0.25)
+    finish(searcher, "c", explored["c"])
+    finish(searcher, "d", early)
+    drive(searcher, value, trial_prefix="e")
+    records = Ledger(tmp_path / "early" / "s" / "trials.jsonl").records()
+
+    (tmp_path / "waited").mkdir()
+    waited_plan = load_search(write_search(tmp_path / "waited", **settings))
+    drive(CellSearcher(waited_plan, str(tmp_path / "waited" / "s")), value)  # one trial at a time: never a free slot
+    waited = Ledger(tmp_path / "waited" / "s" / "trials.jsonl").records()
+
+    trained = lambda rs: sorted((r.alpha, r.seed, str(r.stage)) for r in rs if r.status == "completed")  # noqa: E731 (each search its folder)
+    assert trained(records) == trained(waited)
+    assert Findings.of(plan, records).evidence["depth=4"].claim() == Findings.of(waited_plan, waited).evidence["depth=4"].claim()

@@ -27,6 +27,7 @@ from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_sea
 from blockforge.search.records.ledger import Ledger, TrialRecord
 from blockforge.search.records.store import SearchStore
 from blockforge.search.reports.live import ProgressView
+from blockforge.search.run.slots import warm_slots
 from blockforge.spec import Assignment
 from blockforge.storage import Lease, Storage, StorageError
 from blockforge.train.events import Status
@@ -325,7 +326,7 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
     from blockforge.search.run.datasets import check_named_sets
 
     check_named_sets(plan)  # before Ray starts: a set a recipe names that is missing, cut short or does not fit it is one sentence
-    needs = memory_needs(plan)  # and so is a model too large even to plan
+    needs = plan.memory_needs = memory_needs(plan)  # and so is a model too large even to plan; trials take this plan
     from blockforge.search.reports.plan import format_plan, search_plan
 
     print(format_plan(plan, search_plan(plan)), flush=True)
@@ -649,6 +650,17 @@ class _Silent:
         pass
 
 
+def _slots(plan: SearchPlan, max_concurrent: int | None) -> int:
+    """How many trials run at once: the limit given, else as many as the cluster's CPUs (or GPUs) hold."""
+    import ray
+
+    limit = max_concurrent or plan.max_concurrent
+    resources = plan.resources
+    available = ray.cluster_resources()
+    held = int(available.get("GPU", 0) // resources.gpu) if resources.gpu else int(available.get("CPU", 1) // resources.cpu)
+    return max(1, min(limit, held) if limit else held)
+
+
 def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
          rebuild: bool = False, absent: tuple[str, ...] = ()) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
@@ -703,8 +715,8 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
         )
     interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
-        with TrialFailures():  # Ray's tracebacks of failed trials are kept for the ledger's sentence, not shown
-            tuner.fit()
+        with TrialFailures(), warm_slots(_slots(plan, max_concurrent)):  # Ray's tracebacks of failed trials are kept for the
+            tuner.fit()  # ledger's sentence, not shown; each slot's trial process is kept across the stages' barriers
     finally:
         for name in QUIET_WHEN_INTERRUPTED:
             logging.getLogger(name).removeFilter(quiet)

@@ -100,6 +100,9 @@ def run_trial(config: dict, plan: SearchPlan, search: str, absent: tuple[str, ..
     """The Tune trainable: train config['overrides'] on the base recipe; report the objective as it goes.
     `search`: the search folder, a local path or a URI (blockforge.storage). `absent`: packages the driver found broken (a
     tracker's), absent here too, so nothing Ray Tune imports in this process meets them."""
+    import time
+
+    config = {**config, "_entered": time.time()}  # when this trial reached its process (attempts.jsonl: where its time went)
     from blockforge.errors import BlockforgeError, FolderInUseError
     from blockforge.search.records.store import Superseded
     from blockforge.search.stages.base import FAILURE
@@ -188,10 +191,11 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
             start_from(storage, config["continues"], run_dir)
         resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
         with data_parallel_peers(recipe, run_dir, workers, resume):
-            trainer = Trainer(recipe, run_dir, resume=resume, progress=False, keep_checkpoints=plan.checkpoints_kept)
-            with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, and from which step (retries append)
+            trainer = Trainer(recipe, run_dir, resume=resume, progress=False, keep_checkpoints=plan.checkpoints_kept,
+                              planned_memory=getattr(plan, "memory_needs", {}).get(config["cell"]))  # (a plan from an older search has none)
+            with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, from which step (retries append), and when
                 f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
-                                    "workers": workers, "start_step": trainer.state["step"]}) + "\n")
+                                    "workers": workers, "start_step": trainer.state["step"], **_timing(config)}) + "\n")
             reported = False
             for event in trainer.iterate():
                 metrics = {k: v for k, v in (event.metrics or {}).items() if isinstance(v, (int, float))}
@@ -208,6 +212,20 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
                 tune.report({OBJECTIVE: last[plan.metric], "step": trainer.state["step"], "diverged": False, **last, **costs})
     if mirror is not None:  # ended (not stopped inside report): the storage holds the run, this node need not
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _timing(config: dict) -> dict:
+    """When this attempt's process started, when the trial reached it and when its training was set up (unix seconds, with
+    the process id): a process that trained trials before it is reused, one started for it is new."""
+    import time
+
+    try:
+        import psutil  # (Ray's own dependency)
+
+        started = round(psutil.Process().create_time(), 3)
+    except ImportError:
+        started = None
+    return {"pid": os.getpid(), "process_started": started, "entered": round(config["_entered"], 3), "set_up": round(time.time(), 3)}
 
 
 UNSTABLE = "unstable"  # a result key: why the finished run is unstable ('' when stable; train/stability.py)

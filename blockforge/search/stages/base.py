@@ -180,6 +180,12 @@ class Stage:
         queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
         return False
 
+    def early(self, cell: CellLike) -> bool:
+        """Trials still run in the cell and none is there to hand out: queue what this stage will train whatever they
+        end with (True when any was queued), so a free slot starts it now rather than at the stage's turn. Only trials
+        the stage's `open` would queue anyway, identically; `open` then finds them done or running."""
+        return False
+
     def queue(self, cell, searched: dict[str, Any], seeds: list[int], **kwargs) -> bool:
         """Queue model `searched` with each of `seeds` in `cell` as this stage's trials (their outcomes come back to this
         stage's on_complete, whatever their records' stage says); True when any was queued (others had run, run now or

@@ -163,8 +163,8 @@ class Cell:
             return True
         if self.queue:
             return True
-        if self.busy():
-            return False
+        if self.busy():  # the stages wait for the trials running; work that does not depend on them starts in a free slot
+            return any(stage.early(self.given_to(stage)) for stage in self.stages[1:]) and bool(self.queue)
         for stage in self.stages:
             opened = stage.open(self.given_to(stage))
             if opened is None:

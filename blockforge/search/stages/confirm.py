@@ -97,6 +97,21 @@ class Confirm(Stage):
                 return True
         return False
 
+    def early(self, cell: CellLike) -> bool:
+        """Before the ranking is known: the baselines' first further seed, which every confirmation trains (a baseline is a
+        finalist whatever the ranking, and no finalist leaves the race before its second further seed)."""
+        if self.opened or getattr(self, "asked_early", False):  # once: what it queues runs or ran after that
+            return False
+        self.asked_early = True
+        queued = False
+        for baseline in self.plan.baselines:
+            searched = self.plan.searched_values(cell.name, self.plan.sampler_params(cell.name, baseline))
+            try:
+                queued |= self.queue(cell, searched, [cell.base_seed + 1])
+            except SpecError:
+                continue  # an invalid baseline was recorded as failed when it was proposed
+        return queued
+
     def _choose(self, cell: CellLike) -> None:
         unique: dict[str, Finalist] = {}
         for f in self.finalists(cell, self.ranked(cell)):

@@ -1,0 +1,77 @@
+"""Trial processes kept warm across a search's stages.
+
+With `reuse_actors=True` Ray Tune hands a finished trial's process (its actor) to the next trial that asks for the same
+resources, but it keeps one only while a trial waits for it, plus one more. At a stage barrier (exploration's last trial
+still running, confirmation not yet known) no trial waits, so every other slot's process ends, and the next stage starts
+fresh ones: a new Python, torch, the model's first set-up, each time. A search has a fixed number of slots, and its next
+trials ask for the same resources, so keeping one process per slot costs nothing it would not use again.
+
+`warm_slots(n)` makes Tune's actor cache keep up to `n` idle processes per resource shape while no trial of another
+shape waits (then it keeps only what Tune itself would, so a trial that needs other resources is never blocked), and
+everything once the search ends. It replaces the cache class Tune's controller builds for the length of a fit; where Ray's
+cache is not the one this was written against, it changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+
+def slot_cache_class(base: type, slots: int) -> type:
+    """A subclass of Ray Tune's `_ObjectCache` (`base`) that keeps up to `slots` idle objects per key while nothing else waits."""
+
+    class SlotCache(base):
+        def _keep(self, key) -> int:
+            others_wait = any(count > 0 for other, count in self._max_num_objects.items() if other != key)
+            return max(self._max_num_objects[key], 0 if others_wait else slots)
+
+        def cache_object(self, key, obj) -> bool:
+            if len(self._cached_objects[key]) < self._keep(key):
+                self._cached_objects[key].append(obj)
+                self._num_cached_objects += 1
+                return True
+            return super().cache_object(key, obj)
+
+        def flush_cached_objects(self, force_all: bool = False) -> Iterator:
+            if force_all:
+                yield from super().flush_cached_objects(force_all=True)
+                return
+            for key, objs in self._cached_objects.items():
+                keep = self._keep(key)
+                while len(objs) > keep:
+                    self._num_cached_objects -= 1
+                    yield objs.pop(0)
+
+    return SlotCache
+
+
+def _patchable() -> tuple[object, type] | None:
+    """Tune's controller module and its cache class, when both are as this module expects."""
+    try:
+        from ray.tune.execution import tune_controller
+        from ray.tune.utils.object_cache import _ObjectCache
+    except ImportError:
+        return None
+    probe = _ObjectCache(may_keep_one=True)
+    if getattr(tune_controller, "_ObjectCache", None) is not _ObjectCache or not all(
+            hasattr(probe, name) for name in ("_cached_objects", "_max_num_objects", "_num_cached_objects")):
+        return None
+    return tune_controller, _ObjectCache
+
+
+@contextlib.contextmanager
+def warm_slots(slots: int) -> Iterator[bool]:
+    """For the length of the block, Tune controllers built in it keep up to `slots` idle trial processes; yields whether
+    it could (False: this Ray's cache is another, left as it is)."""
+    found = _patchable() if slots > 1 else None
+    if found is None:
+        yield False
+        return
+    controller, base = found
+    cache = slot_cache_class(base, slots)
+    controller._ObjectCache = lambda may_keep_one=True: cache(may_keep_one=may_keep_one)
+    try:
+        yield True
+    finally:
+        controller._ObjectCache = base
