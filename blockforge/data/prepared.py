@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import re
 import threading
 import time
@@ -731,6 +732,31 @@ class PreparedSet:
                             "fingerprint differs from the manifest's); prepare the set again")
         return tokenizer
 
+    def tokenizer_is_the_sets(self) -> bool:
+        """Whether the set's tokenizer files are the tokenizer its ids were made with, checked without loading them into
+        `transformers` (training a set's rows never needs them): the fingerprint of tokenizer.json read by `tokenizers`,
+        with the manifest's end and pad ids. False where that cannot tell (another kind of saved tokenizer): then
+        `tokenizer()` decides."""
+        import hashlib
+
+        import tokenizers
+
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(self.folder / TOKENIZER / "tokenizer.json")).to_str()
+        except Exception:  # missing, or not one tokenizers reads: the full load decides
+            return False
+        ids = self.manifest.tokenizer
+        return hashlib.sha256(f"{backend}|eos {ids['eos_id']}|pad {ids['pad_id']}".encode()).hexdigest() == ids["fingerprint"]
+
+    def save_tokenizer(self, directory: Path) -> None:
+        """The set's tokenizer files into `directory` (a run folder's tokenizer/), as they are, once checked to be the set's."""
+        if not self.tokenizer_is_the_sets():
+            self.tokenizer().save(directory)  # loaded and checked by its fingerprint, or refused
+            return
+        for file in sorted((self.folder / TOKENIZER).iterdir()):
+            if file.is_file():
+                atomic_write(Path(directory) / file.name, lambda out, file=file: shutil.copyfile(file, out))
+
     def split(self, name: str, pad_id: int | None) -> SplitRows:
         return SplitRows(self.folder, self.manifest.splits[name], self.manifest.layout, self.manifest.np_dtype, pad_id, self.check)
 
@@ -772,12 +798,13 @@ class PreparedTextDataset:
     def __init__(self, prepared: PreparedSet, *, seq_len: int, vocab: int | None, seed: int, empty: dict[str, tuple[str, str]] | None = None):
         manifest = prepared.manifest
         self.prepared, self.manifest = prepared, manifest
-        self.tokenizer = prepared.tokenizer()
+        self._tokenizer = None  # loaded when asked for: training reads ids only, and their tokenizer's ids are in the manifest
         self.seq_len, self.seed = seq_len, seed
-        self.pad_id = None if manifest.layout.pack else self.tokenizer.pad_id
-        from blockforge.data.tokenizer import check_token_ids
-
-        check_token_ids(manifest.max_token_id, vocab, self.tokenizer)
+        self.pad_id = None if manifest.layout.pack else manifest.tokenizer["pad_id"]
+        if vocab is not None and manifest.max_token_id >= vocab:
+            raise DataError(f"data.tokenizer: {manifest.tokenizer['name']} produced token id {manifest.max_token_id} (vocabulary "
+                            f"{manifest.tokenizer['vocab_size']}) but model.vocab is {vocab}; raise model.vocab to at least "
+                            f"{manifest.max_token_id + 1} or choose a smaller tokenizer")
         self.train = prepared.split("train", self.pad_id)
         self.val = prepared.split("val", self.pad_id)
         for name, rows in (("train", self.train), ("val", self.val)):
@@ -786,6 +813,19 @@ class PreparedTextDataset:
                                                          "prepare more text or lower model.context")
                 raise DataError(f"{what} has {rows.total_tokens} tokens, fewer than one row of model.context + 1 = {seq_len + 1}; {fix}")
         self.orders = EpochOrders(len(self.train), seed, cache_root() / "prepared" / "orders")
+
+    @property
+    def tokenizer(self):
+        """The set's tokenizer (loaded, and checked against the manifest, on first use)."""
+        if self._tokenizer is None:
+            self._tokenizer = self.prepared.tokenizer()
+        return self._tokenizer
+
+    def save_tokenizer(self, directory: Path) -> None:
+        if self._tokenizer is not None:
+            self._tokenizer.save(directory)
+        else:
+            self.prepared.save_tokenizer(directory)
 
     def train_batches(self, batch_size: int, start: int = 0, part: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
         for _, indices in shuffled_batches(len(self.train), batch_size, self.seed, start, part=part, order=self.orders):
@@ -806,7 +846,7 @@ class PreparedTextDataset:
             return None
         from blockforge.data.text import unigram_log_probs
 
-        return unigram_log_probs(counts[: max(len(counts), self.tokenizer.vocab_size)])
+        return unigram_log_probs(counts)
 
     def describe(self) -> dict[str, Any]:
         m = self.manifest
@@ -814,8 +854,8 @@ class PreparedTextDataset:
             **m.info,
             "tokens": {name: m.splits[name].source_tokens for name in SPLITS},
             "rows": {"train": len(self.train), "val": len(self.val)},
-            "tokenizer": self.tokenizer.name,
-            "vocab_size": self.tokenizer.vocab_size,
+            "tokenizer": m.tokenizer["name"],
+            "vocab_size": m.tokenizer["vocab_size"],
             "seq_len": self.seq_len,
             "pack": self.pad_id is None,
             "prepared": self.prepared.where,

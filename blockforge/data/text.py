@@ -59,7 +59,7 @@ def build_text_dataset(
         tokenizer = build_tokenizer(cfg.tokenizer, corpus.train, max_chars=cfg.bpe_train_chars, cache_dir=cache_dir, vocab=vocab)
         dataset = cached_set(cfg, corpus, tokenizer, layout=layout, vocab=vocab, seed=seed, cache_dir=cache_dir)
     if run_dir is not None:
-        dataset.tokenizer.save(Path(run_dir) / "tokenizer")
+        dataset.save_tokenizer(Path(run_dir) / "tokenizer")
     return dataset
 
 
@@ -156,6 +156,9 @@ class StreamingTextDataset:
         self._val_rows: list[np.ndarray] = []  # the fixed validation rows read so far
         self._more_val_rows = self._rows(self._val_documents())
 
+
+    def save_tokenizer(self, directory: Path) -> None:
+        self.tokenizer.save(directory)
     def _texts(self, stream, *, validation: bool) -> Iterator[str]:
         """Texts of a stream; without a validation split, those on `validation`'s side of the hash split."""
         texts = hf_texts(stream, self.cfg)

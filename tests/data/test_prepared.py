@@ -628,3 +628,37 @@ def test_prepare_on_a_cluster_checks_every_node_first_naming_the_one_that_cannot
                                               r"reads \(data.path: 'corpus.jsonl' is not a file \(relative to .*elsewhere\)\), and the parts"):
         cli_prepare._check_nodes(args, [request])
     assert cli_prepare._search_command(args) == "blockforge search s.yaml --set train.steps=10 --out s3://bucket/set --address auto"
+
+
+def test_training_on_a_prepared_set_reads_no_tokenizer_into_transformers_and_keeps_its_files(tmp_path):
+    """Rows of a prepared set are ids: the run saves the set's tokenizer files as they are (checked against the manifest's
+    fingerprint with `tokenizers` alone), and transformers is not imported; a tokenizer that is not the set's is refused."""
+    import subprocess
+    import sys
+
+    from tiny_data import write_recipe
+
+    recipe = write_recipe(tmp_path, steps=2, eval_every=0, checkpoint_every=0, grad_norm_every=0)
+    from blockforge.cli import main
+
+    assert main(["prepare", str(recipe), "--out", str(tmp_path / "set")]) == 0
+    code = (f"import sys; from blockforge.spec import load_recipe; from blockforge.train.loop import Trainer; "
+            f"r = load_recipe({str(recipe)!r}, [('data.prepared', {str(tmp_path / 'set')!r})]); "
+            f"Trainer(r, {str(tmp_path / 'run')!r}, progress=False).run(); print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "run" / "tokenizer" / name).read_bytes() == (tmp_path / "set" / "tokenizer" / name).read_bytes()
+    from blockforge.data.prepared import PreparedSet
+
+    edited = tmp_path / "set" / "tokenizer" / "tokenizer.json"
+    data = json.loads(edited.read_text())
+    vocab = data["model"]["vocab"]  # two ids swapped: a tokenizer that reads, but makes other ids
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    edited.write_text(json.dumps(data))
+    prepared = PreparedSet.open(tmp_path / "set")
+    assert not prepared.tokenizer_is_the_sets()
+    with pytest.raises(Exception, match="is not the tokenizer the set's ids were made with"):
+        prepared.save_tokenizer(tmp_path / "elsewhere")
