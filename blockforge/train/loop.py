@@ -154,8 +154,7 @@ class Trainer:
         self.data = dataset_for(self.recipe, run_dir=self.run_dir if self.world.is_main else None)
         self.pad_id = getattr(self.data, "pad_id", None)
         self.model = build_model(self.spec, device=device, seed=cfg.seed)
-        self.state = {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "eval_s": 0.0, "metrics": {},
-                      "stability": {}}
+        self.state = fresh_state()
         checkpoint = None
         if resume:  # the newest intact checkpoint; full weights go in before any sharding
             checkpoint = resume_checkpoint(self.run_dir, self.model, self.spec, say=warn if self.world.is_main else lambda line: None)
@@ -171,27 +170,16 @@ class Trainer:
             self.state["stability"] = {}  # a checkpoint from before the monitor: it watches from here
         self.stability = Monitor(cfg.warmup_steps, self.state["stability"])  # every step's loss, in order (train/stability.py)
         self.val_batches = self.data.val_batches(cfg.micro_batch, cfg.eval_batches)
-        classes = self.recipe.model.classes if self.family.data_kind == "image" else None
-        # the loss of a count model on exactly the tokens evaluation scores: what a run learnt is measured from it
-        self.val_baseline = count_baseline(self.val_batches, None if classes else getattr(self.data, "unigram_log_probs", lambda: None)(),
-                                           self.pad_id, classes)
+        self.val_baseline = scored_baseline(self.recipe, self.family, self.data, self.val_batches, self.pad_id)
         self.log = RunLog(self.run_dir, tensorboard=cfg.tensorboard, enabled=self.world.is_main, tracking=self.recipe.tracking,
                           config=flat({"model": to_plain(self.recipe.model), "train": to_plain(self.recipe.train), "data": to_plain(self.recipe.data)}))
         self.data_info: dict[str, Any] = {}  # the data's description; filled on the main rank
         if self.world.is_main:
-            self._write_run_files()
+            self.data_info = write_run_files(self.run_dir, self.recipe, self.data)
             self.log.trim(self.state["step"])
             if checkpoint is not None:
                 forget_interruption(self.run_dir)
                 self.log.write({"step": self.state["step"], "event": "resumed", "checkpoint": checkpoint.folder.name})
-
-    # ---- set-up helpers -----------------------------------------------------------------------
-
-    def _write_run_files(self) -> None:
-        atomic_write_text(self.run_dir / "recipe.yaml", yaml.safe_dump(to_plain(self.recipe), sort_keys=False))
-        save_spec(self.spec, self.run_dir / "spec.yaml")
-        self.data_info = self.data.describe()
-        atomic_write_json(self.run_dir / "data.json", self.data_info)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -263,11 +251,7 @@ class Trainer:
         if self.world.is_main:
             if result.stability is not None:
                 self.log.write({"step": result.step, "event": "stability", **result.stability.record()})
-            atomic_write_json(self.run_dir / "result.json", {
-                "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
-                "elapsed": self.state["elapsed"], "eval_s": self.state.get("eval_s", 0.0),
-                **({"stability": result.stability.record()} if result.stability else {}),
-            })
+            write_result(self.run_dir, result, self.state)
             self.log.close({"status": str(result.status), "step": result.step, **result.metrics},
                            failed=result.status in (Status.FAILED, Status.INTERRUPTED))
         return result
@@ -401,6 +385,34 @@ def read_steps(pending: list[_Pending], world: World) -> list[Step]:
     norms = torch.stack([p.grad_norm.to(losses.device, losses.dtype) for p in pending])
     values = torch.stack([losses, norms]).tolist()
     return [Step(p.step, loss, p.lr, norm, p.samples, p.layer_grad_norms) for p, loss, norm in zip(pending, *values)]
+
+
+def write_run_files(run_dir: Path, recipe: Recipe, data) -> dict:
+    """recipe.yaml, spec.yaml and data.json (the data's description, returned) into a run folder."""
+    atomic_write_text(run_dir / "recipe.yaml", yaml.safe_dump(to_plain(recipe), sort_keys=False))
+    save_spec(recipe.spec, run_dir / "spec.yaml")
+    info = data.describe()
+    atomic_write_json(run_dir / "data.json", info)
+    return info
+
+
+def fresh_state() -> dict:
+    """A run's state before its first step (a checkpoint keeps it, and a resumed run starts from the checkpoint's)."""
+    return {"step": 0, "data_position": 0, "first_loss": None, "samples": 0, "elapsed": 0.0, "eval_s": 0.0, "metrics": {}, "stability": {}}
+
+
+def scored_baseline(recipe: Recipe, family, data, batches: list, pad_id: int | None) -> float | None:
+    """The loss of a count model on exactly what evaluation scores (`batches`): what a run learnt is measured from it."""
+    classes = recipe.model.classes if family.data_kind == "image" else None
+    return count_baseline(batches, None if classes else getattr(data, "unigram_log_probs", lambda: None)(), pad_id, classes)
+
+
+def write_result(run_dir: Path, result: TrainResult, state: dict) -> None:
+    """result.json: how the run ended, its metrics, its training-step and evaluation seconds and its stability."""
+    atomic_write_json(run_dir / "result.json", {
+        "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
+        "elapsed": state["elapsed"], "eval_s": state.get("eval_s", 0.0), **({"stability": result.stability.record()} if result.stability else {}),
+    })
 
 
 def judge_run(monitor: Monitor, result: TrainResult, baseline: float | None):
