@@ -109,3 +109,42 @@ def test_a_free_slot_at_explorations_end_starts_the_baselines_confirmation_seeds
     trained = lambda rs: sorted((r.alpha, r.seed, str(r.stage)) for r in rs if r.status == "completed")  # noqa: E731 (each search its folder)
     assert trained(records) == trained(waited)
     assert Findings.of(plan, records).evidence["depth=4"].claim() == Findings.of(waited_plan, waited).evidence["depth=4"].claim()
+
+
+def test_while_a_confirmation_rounds_last_trial_trains_pre_ln_starts_its_next_seed(tmp_path):
+    """Pre-LN never leaves the race, so its seed of the next round is known while the round's last trial still trains: a
+    free slot starts it, and the round after queues only what is left."""
+    from blockforge.search.config import OBJECTIVE
+
+    alpha = "model.layers.mix_ln.alpha"
+    plan = load_search(write_search(tmp_path, cells={"model.depth": [4]}, scheduler=None, trials_per_cell=4, sampler={"grid": {}},
+                                    space={alpha: {"grid": [0.0, 0.25, 0.5, 0.75]}}, baselines=[], confirm={"top": 2, "seeds": 2}))
+    searcher = CellSearcher(plan, str(tmp_path / "s"))
+    best = {0.0: 5.3, 0.25: 5.0, 0.5: 5.1, 0.75: 5.4}  # the two best are 0.25 and 0.5; Pre-LN (0.0) joins them as the reference
+    value = lambda config: best[dict(config["overrides"])[alpha]] + 0.01 * dict(config["overrides"])["train.seed"]  # noqa: E731
+    running = {}
+
+    def take(trial_id):
+        config = searcher.suggest(trial_id)
+        if config is not None and config != searcher.FINISHED:
+            running[trial_id] = config
+        return config
+
+    def finish(trial_id):
+        config = running.pop(trial_id)
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value(config), "val_loss": value(config), "step": 30})
+
+    for i in range(4):  # exploration, one at a time
+        take(f"x{i}")
+        finish(f"x{i}")
+    round_one = [take(f"r{i}") for i in range(3)]  # the two best and Pre-LN, seed 1
+    assert all(c["stage"] == "confirm" and dict(c["overrides"])["train.seed"] == 1 for c in round_one)
+    finish("r0")
+    finish("r1")  # r2 still trains
+    ahead = take("ahead")
+    assert ahead is not None and dict(ahead["overrides"])[alpha] == 0.0 and dict(ahead["overrides"])["train.seed"] == 2
+    finish("r2")
+    finish("ahead")
+    rest = [take(f"s{i}") for i in range(3)]
+    handed = [dict(c["overrides"])[alpha] for c in rest if c not in (None, searcher.FINISHED)]
+    assert 0.25 in handed and 0.0 not in handed  # the leader's seed 2 (0.5, clearly behind, left the race); Pre-LN's ran already

@@ -99,8 +99,15 @@ class Confirm(Stage):
 
     def early(self, cell: CellLike) -> bool:
         """Before the ranking is known: the baselines' first further seed, which every confirmation trains (a baseline is a
-        finalist whatever the ranking, and no finalist leaves the race before its second further seed)."""
-        if self.opened or getattr(self, "asked_early", False):  # once: what it queues runs or ran after that
+        finalist whatever the ranking, and no finalist leaves the race before its second further seed). While a round's
+        last trials run: the Pre-LN reference's seed of the next round (it never leaves the race)."""
+        if self.opened:
+            finalists = cell.finalists
+            if finalists.extra_seeds >= self.plan.confirm.seeds:
+                return False
+            seed = cell.base_seed + finalists.extra_seeds + 1
+            return any([self.queue(cell, f.searched, [seed]) for f in finalists.racing() if f.uniform_pre])
+        if getattr(self, "asked_early", False):  # once: what it queues runs or ran after that
             return False
         self.asked_early = True
         queued = False
