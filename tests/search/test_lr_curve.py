@@ -381,3 +381,40 @@ def test_summary_the_python_view_the_trackers_table_and_the_plot_say_the_same(tm
     assert len(figure.axes) == 2 and {ax.get_title() for ax in figure.axes} == {"depth=4, warm-up 0.1", "depth=8, warm-up 0.1"}
     law = view.law().stability
     assert law is not None and {f.kind for f in law.fits} >= {"Pre-LN"}
+
+
+def test_two_slots_train_the_same_probes_and_answer_alike_as_one(tmp_path):
+    """Trials handed out two at a time (a chain goes on in a free slot while another's probe trains; confirmation's known
+    seeds start early) give the same replicates and probes and the same answers as one at a time."""
+    from ray.tune.search import Searcher
+
+    from blockforge.search.config import OBJECTIVE
+
+    def two_at_a_time(searcher, limit=5000):
+        running, i, idle = [], 0, 0
+        while i < limit:
+            config = searcher.suggest(f"t{i}")
+            if config == Searcher.FINISHED and not running:
+                break
+            if config is not None and config != Searcher.FINISHED:
+                running.append((f"t{i}", config))
+                i += 1
+                if len(running) < 2:
+                    continue
+            if not running:
+                idle += 1
+                assert idle < 20000
+                continue
+            trial_id, done = running.pop(0)
+            result = stand_in(done)
+            searcher.on_trial_complete(trial_id, {OBJECTIVE: result["val_loss"], "step": searcher.live[trial_id].steps, **result})
+
+    answers = {}
+    for name, drive_it in (("one", lambda s: drive(s, lambda c: stand_in(c)["val_loss"], extra=stand_in, limit=5000)), ("two", two_at_a_time)):
+        plan = curve_search(tmp_path / name, cells=(4,))
+        drive_it(CellSearcher(plan, str(tmp_path / name / "s")))
+        records = Ledger(tmp_path / name / "s" / "trials.jsonl").records()
+        found = Findings.of(plan, records)
+        trained = sorted((r.alpha, r.seed, r.overrides.get("train.lr", 3e-3), str(r.stage)) for r in records if r.status == "completed")
+        answers[name] = (trained, found.evidence["depth=4"].claim(), found.curves["depth=4"].answer)
+    assert answers["one"] == answers["two"]

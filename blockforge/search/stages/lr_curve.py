@@ -1,8 +1,8 @@
 """The learning-rate curves (`confirm: {lr_curve: {...}}`, or `confirm.lr` / `confirm.stability`): once a cell has its
 answer, each of its finalists, baselines and the Pre-LN reference is trained over the cell's learning-rate grid, per seed
 of the confirmation and per warm-up fraction (search/checks/lr_curve.py says how). Every time the cell is idle, each
-chain's next probes are queued: the points up to the search's learning rate at once, then a round per step up the grid
-and per bisection step, all chains at once. Its trials are recorded with stage `lr` and stay out of the cell's main
+chain's next probes are queued: the points up to the search's learning rate at once, then a step up the grid or a
+bisection step at a time; once the curves have begun, a chain goes on in a free slot as soon as its own probes have ended. Its trials are recorded with stage `lr` and stay out of the cell's main
 evidence; what a chain has found is read back from its probes' identities, so a resumed driver goes on where the chains
 were.
 """
@@ -29,10 +29,16 @@ class LrCurve(Stage):
     def __getstate__(self) -> dict:  # Tune pickles the searcher: the identities are recomputed on restore
         return {**self.__dict__, "probes": None}
 
+    def early(self, cell: CellLike) -> bool:
+        """Once the curves have begun, a chain whose probes so far have ended goes on in a free slot while others still
+        train: each chain's next probe depends on its own probes only."""
+        return getattr(self, "opened", False) and self.open(cell)
+
     def open(self, cell: CellLike) -> bool:
         from blockforge.search.checks.lr_curve import Probes, probed, warmups
         from blockforge.search.evidence.evidence import min_seeds
 
+        self.opened = True
         if self.probes is None:
             self.probes = Probes(self.plan, cell.name, lambda identity: getattr(cell.done.get(identity), "record", None))
         queued = False
