@@ -879,9 +879,12 @@ def _check_lr_curve(spec: SearchFile, plan: SearchPlan, load: "_Loader", fail) -
                        "to lr_max: give a larger one, e.g. 30 times it", key_of("lr_max"))
         grid = check.grid(shared)
         if grid.points > MAX_CURVE_POINTS:
+            from dataclasses import replace
+
+            low_end = check.lr_min is not None and replace(check, lr_min=None).grid(shared).points <= MAX_CURVE_POINTS
             raise fail(f"makes a grid of {grid.points:,} learning rates from {grid.lr(grid.floor):.3g} to {check.lr_max:g}{where}, more than "
-                       f"{MAX_CURVE_POINTS} a search trains a curve over; give a coarser resolution (e.g. 1.25) or a narrower range",
-                       key_of("resolution"))
+                       f"{MAX_CURVE_POINTS} a search trains a curve over; give " + ("a higher lr_min" if low_end else
+                       "a coarser resolution (e.g. 1.25) or a narrower range"), key_of("lr_min" if low_end else "resolution"))
         if check.steps is not None and check.steps > plan.settings[name].steps:
             raise fail(f"{check.steps} is above the {plan.settings[name].steps} steps of a trial{where}; a probe is at most as "
                        "long as the search's trials", key_of("steps"))

@@ -311,7 +311,7 @@ def test_run_search_decides_as_the_command_line_and_exports(tmp_path, ray_sessio
         blockforge.run_search(path, out=tmp_path / "other", overrides={"train.lr": object()})
 
 
-@pytest.mark.slow  # (tests/search/test_stability.py stops a trained run_search with SIGTERM in the default suite and checks this message)
+@pytest.mark.slow  # (tests/search/test_lr_curve.py stops a trained run_search with SIGTERM in the default suite and checks this message)
 def test_a_sigterm_inside_run_search_leaves_a_resumable_search(tmp_path, ray_session):
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[],
                         space={ALPHA: {"choice": [0.0, 0.5]}}, sampler={"random": {"seed": 0}}, max_concurrent=1,

@@ -215,6 +215,7 @@ def test_without_a_curve_nothing_changes(tmp_path):
     ("lr_curve", {"lr_max": 0.1, "lr_min": 0.005}, "confirm.lr_curve.lr_min", "is not below the search's learning rate 0.003"),
     ("lr_curve", {"lr_max": 1e308}, "confirm.lr_curve.lr_max", "must lie in (0, 1000]"),
     ("lr_curve", {"lr_max": 0.1, "resolution": 1.000001}, "confirm.lr_curve.resolution", "more than 256"),
+    ("lr_curve", {"lr_max": 0.1, "lr_min": 1e-300}, "confirm.lr_curve.lr_min", "give a higher lr_min"),
     ("stability", {"lr_max": 0.1, "resolution": 1.000001}, "confirm.stability.resolution", "more than 256"),
     ("stability", {"lr_max": 1e308}, "confirm.stability.lr_max", "at most 1000"),
     ("lr_curve", {"lr_max": 0.1, "resolution": 3.0}, "confirm.lr_curve.resolution", "at most step"),
