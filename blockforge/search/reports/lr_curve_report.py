@@ -208,7 +208,7 @@ def plot_stability(found: Findings, path: Path | None = None):
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("depth L")
     ax.set_ylabel("edge: largest stable learning rate")
-    ax.set_title(f"{plan.name}: edge per candidate\n(bars: 95% over seeds; triangles: lower bounds; dotted: the search's lr; dashed: fitted law)",
+    ax.set_title(f"{plan.name}: edge per candidate\n(bars: 95% over seeds; triangles: lower bounds;\ndotted: the search's lr; dashed: fitted law)",
                  fontsize=9)
     ax.grid(alpha=0.3, which="both")
     if series:
