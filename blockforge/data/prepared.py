@@ -91,6 +91,12 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
     return settings
 
 
+def unigram_log_probs(counts: np.ndarray) -> np.ndarray:
+    """The unigram model of token `counts` (one per vocabulary id): log frequencies, add-one smoothed over the vocabulary."""
+    counts = counts.astype(np.float64)
+    return np.log(counts + 1.0) - np.log(counts.sum() + len(counts))
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a set's tokens become rows of context + 1 tokens (see the module's docstring)."""
@@ -844,7 +850,6 @@ class PreparedTextDataset:
         counts = training_counts(self.prepared.folder, self.manifest)
         if counts is None:
             return None
-        from blockforge.data.text import unigram_log_probs
 
         return unigram_log_probs(counts)
 

@@ -30,7 +30,7 @@ import torch
 
 from blockforge.data.batching import derived_seed, part_of
 from blockforge.data.corpus import Corpus, hf_texts, load_corpus, open_hf_split, source_key, validation_score
-from blockforge.data.prepared import SAMPLE_TOKENS, Layout, PreparedSet, PreparedTextDataset, check_matches, to_batch
+from blockforge.data.prepared import SAMPLE_TOKENS, Layout, PreparedSet, PreparedTextDataset, check_matches, to_batch, unigram_log_probs
 from blockforge.data.tokenizer import Tokenizer, build_tokenizer, check_token_ids
 from blockforge.errors import DataError, warn
 from blockforge.spec.data import DataConfig
@@ -107,12 +107,6 @@ def padded_row(ids: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     kept = ids[: seq_len + 1]
     row[: len(kept)] = kept
     return row
-
-
-def unigram_log_probs(counts: np.ndarray) -> np.ndarray:
-    """The unigram model of token `counts` (one per vocabulary id): log frequencies, add-one smoothed over the vocabulary."""
-    counts = counts.astype(np.float64)
-    return np.log(counts + 1.0) - np.log(counts.sum() + len(counts))
 
 
 def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
