@@ -124,7 +124,7 @@ def split(out: Path, runs: list[dict], wall: float, slots: int) -> dict[str, flo
     starts = sum(run["entered"] - run["process_started"] for run in runs
                  if run["process_started"] is not None and run["entered"] == first_of_process[run["pid"]])
     ends = [run["entered"] + ledger[run["folder"].name]["wall_s"] for run in runs if run["folder"].name in ledger]
-    first = min(run["entered"] for run in runs)
+    first = min(run["process_started"] or run["entered"] for run in runs)  # a slot's first process start is not the driver's
     driver = (first - started) + (started + wall - max(ends))  # before the first trial and after the last: by the slots' count
     parts = {"training steps": sum(r["steps_s"] for r in runs), "evaluation": sum(r["eval_s"] for r in runs),
              "trial set-up": sum(r["set_up"] - r["entered"] for r in runs), "process starts": starts, "driver (plan, Ray, reports)": slots * driver}

@@ -37,26 +37,30 @@ ANSWERS = "(answers)"  # the key of a search's answers run (W&B)
 
 
 @contextlib.contextmanager
-def broken_packages_absent(modules: tuple[str, ...] = tuple(module for module, _ in EXTRA.values())) -> Iterator[tuple[str, ...]]:
+def broken_packages_absent(modules: tuple[str, ...] = tuple(module for module, _ in EXTRA.values()),
+                           unused: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """Inside the block, each of `modules` (the trackers' packages) that fails as it imports (a broken install, which raises
     whatever it raises) is absent: `import` raises ImportError, which Ray Tune takes for "not installed" where it imports
     W&B and MLflow for its own integrations, whatever a search asks for. So a broken install of a tracker a search does not
     use stops nothing, and one it asks for is left out with the warning `Trackers` gave. Yields the modules made absent
-    (the trials make them absent too: `absent`). Imported here, they cost what Ray Tune's import of them would."""
-    hidden = []
+    for a broken install (the trials make them absent too: `absent`). Each of `unused` (the trackers a search does not
+    ask for) is absent in the block without being imported: Ray Tune's import of them (seconds) would serve nothing."""
+    hidden = [module for module in unused if module not in sys.modules]
+    broken = []
     for module in modules:
-        if module in sys.modules:
-            continue  # imported already (or absent already)
+        if module in sys.modules or module in hidden:
+            continue  # imported already (or absent already), or not used
         try:
             importlib.import_module(module)
         except ImportError as err:
             if err.name != module:  # installed, but something it imports is not: absent too
-                hidden.append(module)
+                broken.append(module)
         except Exception:  # noqa: BLE001 (whatever a broken package raises as it imports)
-            hidden.append(module)
+            broken.append(module)
+    hidden += broken
     absent(hidden)
     try:
-        yield tuple(hidden)
+        yield tuple(broken)
     finally:
         for module in hidden:
             if module in sys.modules and sys.modules[module] is None:

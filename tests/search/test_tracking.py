@@ -399,3 +399,19 @@ def test_a_package_that_fails_as_it_imports_is_absent_inside_the_block_and_resto
     with pytest.raises(RuntimeError, match="this install is broken"):
         import broken_tracker  # noqa: F401,F811
     sys.modules.pop("fine_tracker", None)
+
+
+def test_a_tracker_the_search_does_not_ask_for_is_not_imported_inside_the_block(tmp_path, monkeypatch):
+    """A tracker's package a search does not use is absent in the block, never imported (Ray Tune's import of it would
+    cost seconds for nothing), and importable again after; it is not among the broken ones the trials hide."""
+    from blockforge.tracking import broken_packages_absent
+
+    (tmp_path / "unused_tracker.py").write_text("raise AssertionError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with broken_packages_absent(("unused_tracker",), unused=("unused_tracker",)) as absent:
+        assert absent == ()
+        with pytest.raises(ImportError):
+            import unused_tracker  # noqa: F401
+    assert "unused_tracker" not in sys.modules
+    with pytest.raises(AssertionError, match="imported"):
+        import unused_tracker  # noqa: F401,F811

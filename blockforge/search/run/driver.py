@@ -409,10 +409,11 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
                                rebuild: bool, command: str) -> None:
     """_fit; where the driver's own writes (the ledger) fail on a full disk or a storage gone, the failure is noted on
     `interrupts` as a trial's is (the search then stops with its sentence); a Ray failure is raised as its sentence."""
-    from blockforge.tracking import broken_packages_absent
+    from blockforge.tracking import EXTRA, broken_packages_absent
 
+    unused = tuple(module for tracker, (module, _) in EXTRA.items() if tracker not in plan.tracking.report_to)
     try:
-        with broken_packages_absent() as absent:  # before Tune imports W&B and MLflow itself
+        with broken_packages_absent(unused=unused) as absent:  # before Tune imports W&B and MLflow itself
             _fit(plan, store, resume, max_concurrent, view, interrupts, rebuild=rebuild, absent=absent)
     except Exception as err:
         if interrupts.phase != "fit":
