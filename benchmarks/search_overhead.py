@@ -12,7 +12,7 @@ The split of the search's slot-seconds (slots x wall): training steps and evalua
 the driver's own time before the first trial and after the last one (plan, data, Ray, reports), and the slots' idle
 time (the rest: a slot with no trial, at a barrier or while Tune starts the next).
 
-    python benchmarks/search_overhead.py                     # one cell and three cells (about 25 minutes on two cores)
+    python benchmarks/search_overhead.py                     # one cell and three cells (about 20 minutes on two cores)
     python benchmarks/search_overhead.py --cells 1           # the one-cell search only
     python benchmarks/search_overhead.py --storage [--uri s3://bucket/prefix]   # Ray's and object storage's cost per trial
 """
