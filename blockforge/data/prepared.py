@@ -35,8 +35,8 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from blockforge.data.batching import derived_seed, epoch_order, shuffled_batches
+from blockforge.data.tokenizer import check_token_ids, ids_fingerprint
 from blockforge.errors import DataError
 from blockforge.io import atomic_write, atomic_write_json, read_mapping
 from blockforge.spec.data import DataConfig
@@ -743,8 +744,6 @@ class PreparedSet:
         `transformers` (training a set's rows never needs them): the fingerprint of tokenizer.json read by `tokenizers`,
         with the manifest's end and pad ids. False where that cannot tell (another kind of saved tokenizer): then
         `tokenizer()` decides."""
-        import hashlib
-
         import tokenizers
 
         try:
@@ -752,7 +751,7 @@ class PreparedSet:
         except Exception:  # missing, or not one tokenizers reads: the full load decides
             return False
         ids = self.manifest.tokenizer
-        return hashlib.sha256(f"{backend}|eos {ids['eos_id']}|pad {ids['pad_id']}".encode()).hexdigest() == ids["fingerprint"]
+        return ids_fingerprint(backend, ids["eos_id"], ids["pad_id"]) == ids["fingerprint"]
 
     def save_tokenizer(self, directory: Path) -> None:
         """The set's tokenizer files into `directory` (a run folder's tokenizer/), as they are, once checked to be the set's."""
@@ -807,10 +806,7 @@ class PreparedTextDataset:
         self._tokenizer = None  # loaded when asked for: training reads ids only, and their tokenizer's ids are in the manifest
         self.seq_len, self.seed = seq_len, seed
         self.pad_id = None if manifest.layout.pack else manifest.tokenizer["pad_id"]
-        if vocab is not None and manifest.max_token_id >= vocab:
-            raise DataError(f"data.tokenizer: {manifest.tokenizer['name']} produced token id {manifest.max_token_id} (vocabulary "
-                            f"{manifest.tokenizer['vocab_size']}) but model.vocab is {vocab}; raise model.vocab to at least "
-                            f"{manifest.max_token_id + 1} or choose a smaller tokenizer")
+        check_token_ids(manifest.max_token_id, vocab, manifest.tokenizer["name"], manifest.tokenizer["vocab_size"])
         self.train = prepared.split("train", self.pad_id)
         self.val = prepared.split("val", self.pad_id)
         for name, rows in (("train", self.train), ("val", self.val)):

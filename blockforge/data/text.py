@@ -146,7 +146,7 @@ class StreamingTextDataset:
         )
         self.pad_id = None if cfg.pack else self.tokenizer.pad_id
         if self.pad_id is not None:
-            check_token_ids(self.pad_id, vocab, self.tokenizer)
+            check_token_ids(self.pad_id, vocab, self.tokenizer.name, self.tokenizer.vocab_size)
         self._val_rows: list[np.ndarray] = []  # the fixed validation rows read so far
         self._more_val_rows = self._rows(self._val_documents())
 
@@ -162,7 +162,7 @@ class StreamingTextDataset:
 
     def _encode(self, texts: Iterable[str]) -> Iterator[np.ndarray]:
         for ids in self.tokenizer.encode_documents(texts):
-            check_token_ids(int(ids.max()), self.vocab, self.tokenizer)
+            check_token_ids(int(ids.max()), self.vocab, self.tokenizer.name, self.tokenizer.vocab_size)
             yield ids
 
     def _rows(self, documents: Iterable[np.ndarray]) -> Iterator[np.ndarray]:

@@ -81,7 +81,7 @@ class Tokenizer:
         """A hash of everything that decides the ids (part of token cache keys)."""
         backend = getattr(self.hf, "backend_tokenizer", None)
         identity = backend.to_str() if backend is not None else f"{self.hf.name_or_path}|{self.vocab_size}"
-        return hashlib.sha256(f"{identity}|eos {self.eos_id}|pad {self.pad_id}".encode()).hexdigest()
+        return ids_fingerprint(identity, self.eos_id, self.pad_id)
 
     def encode(self, text: str) -> list[int]:
         """A prompt's ids, special-token text read as the special token (as a served export reads it)."""
@@ -216,10 +216,17 @@ def load_hf_tokenizer(name: str) -> Tokenizer:
     return Tokenizer(hf, name)
 
 
-def check_token_ids(max_id: int, vocab: int | None, tokenizer: Tokenizer) -> None:
-    """Every id that occurs must index the model's embedding; unused ids beyond it do not matter."""
+def ids_fingerprint(identity: str, eos_id: int | None, pad_id: int | None) -> str:
+    """A hash of everything that decides a tokenizer's ids: its backend's serialization (or its name and size) and its
+    end and pad ids (Tokenizer.fingerprint; a prepared set's manifest keeps it)."""
+    return hashlib.sha256(f"{identity}|eos {eos_id}|pad {pad_id}".encode()).hexdigest()
+
+
+def check_token_ids(max_id: int, vocab: int | None, name: str, vocab_size: int) -> None:
+    """Every id that occurs must index the model's embedding; unused ids beyond it do not matter. `name` and `vocab_size`:
+    the tokenizer's that made the ids."""
     if vocab is not None and max_id >= vocab:
         raise DataError(
-            f"data.tokenizer: {tokenizer.name} produced token id {max_id} (vocabulary {tokenizer.vocab_size}) "
+            f"data.tokenizer: {name} produced token id {max_id} (vocabulary {vocab_size}) "
             f"but model.vocab is {vocab}; raise model.vocab to at least {max_id + 1} or choose a smaller tokenizer"
         )

@@ -27,17 +27,20 @@ def _gib(n: float) -> str:
 
 
 def memory_needs(plan: SearchPlan) -> dict[str, int]:
-    """Per cell, the largest memory plan of its candidate models: bytes per training process."""
+    """Per cell, the largest memory plan of its candidate models: bytes per training process, on the device its trials
+    train on (a CPU trial's activations in the CPU's dtype), as the trial's own check would plan it."""
     from blockforge.train.memory import memory_plan
 
     needs: dict[str, int] = {}
     planned: dict[str, int] = {}
     for name, probe, recipe in plan.trainable_recipes():
-        train = recipe.train
-        key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel])
+        train, resources = recipe.train, plan.resources_of(name)
+        device_type = "cuda" if resources.gpu else "cpu"
+        key = json.dumps([recipe.spec.arch_hash(), train.micro_batch, train.precision, train.parallel, device_type])
         if key not in planned:
             try:
-                planned[key] = int(memory_plan(recipe, gpus=plan.resources_of(name).data_parallel, sharded=train.parallel == "fsdp").total_per_gpu)
+                planned[key] = int(memory_plan(recipe, gpus=resources.data_parallel, sharded=train.parallel == "fsdp",
+                                               device_type=device_type).total_per_gpu)
             except SpecError as err:
                 what = f"cell {name}" + (f" with {json.dumps(probe)}" if probe else "")
                 raise SpecError(f"{what}: {err.message}", file=plan.file) from None

@@ -56,11 +56,6 @@ class LayerField:
             return None
         return Range(low=self.minimum, low_open=not self.zero, or_null=self.nullable)
 
-    def check(self, value: Any, path: str) -> None:
-        """An authored (or resolved) value of this field."""
-        if self.range is not None:
-            self.range.check(value, path)
-
 
 def make_divisible(value: float, divisor: int) -> int:
     """OpenELM's rounding: the nearest multiple of `divisor` (at least `divisor`), one step up if that fell below 90% of `value`."""

@@ -132,7 +132,6 @@ class Node:
     names: str | None = None  # a mapping with free names: what they must be
     values: "Node | None" = None  # such a mapping's values, when they are sections (constraints: bounds)
     list_value: bool = False  # a list of values: KEY[N] names one
-    noted: bool = False  # its meaning comes from NOTES
 
     def find(self, parts: list[str]) -> "Node | None":
         """The node a key's parts (after this node's) name, or None when there is none."""
@@ -149,9 +148,8 @@ class Node:
                 continue
             if node.names is not None:  # the rest of the key is one name of the mapping
                 rest = parts[i:]
-                name = _join_parts(rest)
                 if node.names == "recipe":
-                    return node if recipe_keys().find(_parts(name)) is not None else None
+                    return node if recipe_keys().find(rest) is not None else None
                 if node.names == "costs":
                     return node.values if rest[0] in _costs() and (len(rest) == 1 or node.values.find(rest[1:])) else None
                 return node
@@ -161,10 +159,6 @@ class Node:
             node = child
             i += 1
         return node
-
-
-def _join_parts(parts: list[str]) -> str:
-    return "".join(f"[{p}]" if p.lstrip("-").isdigit() else f".{p}" for p in parts).lstrip(".")
 
 
 def _parts(key: str) -> list[str]:
@@ -252,7 +246,6 @@ def _build(cls: type, prefix: str) -> Node:
         if is_label and child.cls is None and child.item is None:
             text = f"{text} ({comment})" if text else comment
         child.annotation, child.help = tp, text
-        child.noted = bool(note)
         child.default, child.required = (None, True) if default is dataclasses.MISSING else (default, False)
         child.choices, child.range = choices_of(f) or (), f.metadata.get("range")
         node.children[f.name] = child

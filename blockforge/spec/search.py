@@ -187,7 +187,7 @@ class StabilityCheck:
         if not (math.isfinite(self.resolution) and 1 < self.resolution <= 4):
             raise SpecError(f"is the factor the largest stable learning rate is found within, above 1 and at most 4 (e.g. 1.25), "
                             f"not {self.resolution}", path=f"{path}.resolution")
-        _probe_settings(self.steps, self.warmup, self.predict, path)
+        _probe_settings(self.warmup, self.predict, path)
 
 
 MAX_CURVE_POINTS = 256  # learning rates one curve's grid may hold, from its lowest to lr_max: a bound on what a typo costs
@@ -224,7 +224,7 @@ class LrCurve:
         if not self.resolution <= self.step:
             raise SpecError(f"is the factor the edge is found within: at most step ({self.step:g}), e.g. 1.25; not {self.resolution}",
                             path=f"{path}.resolution")
-        _probe_settings(self.steps, self.warmup, self.predict, path)
+        _probe_settings(self.warmup, self.predict, path)
 
     def grid(self, low: float) -> "CurveGrid":
         """The learning rates of a cell whose search trains at `low`."""
@@ -277,11 +277,9 @@ def _curve_grid(low: float, settings: "LrCurve") -> CurveGrid:
     return CurveGrid(low, settings.lr_max, top, every, -every * down, settings.below)
 
 
-def _probe_settings(steps: int | None, warmup: list[float] | None, predict: list, path: str) -> None:
-    """A probe's steps, the warm-up fractions probed and the sizes predicted at, as confirm.lr_curve and confirm.stability
-    take them."""
-    if steps is not None and steps < 1:
-        raise SpecError(f"must be at least 1 (a probe's steps, at most the cell's own), not {steps}", path=f"{path}.steps")
+def _probe_settings(warmup: list[float] | None, predict: list, path: str) -> None:
+    """The warm-up fractions probed and the sizes predicted at, as confirm.lr_curve and confirm.stability take them (a
+    probe's steps are checked as they are parsed: `bounded`)."""
     if warmup is not None:
         if not warmup:
             raise SpecError("lists no warm-up fraction; give e.g. [0.0, 0.1], or leave it out for the recipe's own", path=f"{path}.warmup")

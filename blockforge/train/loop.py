@@ -341,7 +341,7 @@ class Trainer:
         """The validation metrics after `step` (with its train loss), kept in the state and logged; its time counted."""
         started = time.perf_counter()
         metrics = evaluate(self.model, self.val_batches, self.runtime, self.pad_id)
-        self.state["eval_s"] = self.state.get("eval_s", 0.0) + time.perf_counter() - started  # (a checkpoint from before counts anew)
+        self.state["eval_s"] += time.perf_counter() - started  # (a checkpoint from before has none: fresh_state's 0 counts anew)
         metrics["train_loss"] = loss
         if self.val_baseline is not None:
             metrics["val_baseline"] = self.val_baseline
@@ -411,7 +411,7 @@ def write_result(run_dir: Path, result: TrainResult, state: dict) -> None:
     """result.json: how the run ended, its metrics, its training-step and evaluation seconds and its stability."""
     atomic_write_json(run_dir / "result.json", {
         "status": str(result.status), "step": result.step, "metrics": result.metrics, "message": result.message,
-        "elapsed": state["elapsed"], "eval_s": state.get("eval_s", 0.0), **({"stability": result.stability.record()} if result.stability else {}),
+        "elapsed": state["elapsed"], "eval_s": state["eval_s"], **({"stability": result.stability.record()} if result.stability else {}),
     })
 
 

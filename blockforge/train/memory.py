@@ -117,19 +117,15 @@ def check_fits(recipe: Recipe, device: torch.device, *, processes: int = 1, shar
         return
     available, where = room
     if planned is not None:
-        need = planned * (processes if device.type == "cpu" else 1)
-        if need > available:
-            raise BlockforgeError(
-                f"training this model needs about {need / GiB:,.1f} GiB by the memory plan of its search cell's largest model, more "
-                f"than the {available / GiB:,.1f} GiB {where}; make the model or train.micro_batch_size smaller (`blockforge inspect "
-                "RECIPE --memory` shows the plan)")
-        return
-    plan = memory_plan(recipe, gpus=processes, sharded=sharded, device_type=device.type)
-    need = plan.total_per_gpu * (processes if device.type == "cpu" else 1)
+        per_process, basis = planned, "the memory plan of its search cell's largest model"
+    else:
+        plan = memory_plan(recipe, gpus=processes, sharded=sharded, device_type=device.type)
+        per_process, basis = plan.total_per_gpu, (f"its memory plan ({plan.parameters:,} parameters: weights, gradients, Adam "
+                                                  f"moments and one micro-batch of {plan.micro_batch}'s activations)")
+    need = per_process * (processes if device.type == "cpu" else 1)
     if need > available:
         raise BlockforgeError(
-            f"training this model needs about {need / GiB:,.1f} GiB by its memory plan ({plan.parameters:,} parameters: weights, "
-            f"gradients, Adam moments and one micro-batch of {plan.micro_batch}'s activations), more than the {available / GiB:,.1f} GiB "
+            f"training this model needs about {need / GiB:,.1f} GiB by {basis}, more than the {available / GiB:,.1f} GiB "
             f"{where}; make the model or train.micro_batch_size smaller (`blockforge inspect RECIPE --memory` shows the plan)"
         )
 

@@ -651,11 +651,11 @@ class _Silent:
         pass
 
 
-def _slots(plan: SearchPlan, max_concurrent: int | None) -> int:
-    """How many trials run at once: the limit given, else as many as the cluster's CPUs (or GPUs) hold."""
+def _slots(plan: SearchPlan, limit: int | None) -> int:
+    """How many trials run at once: at most `limit` (--max-concurrent, else the search file's), and as many as the
+    cluster's CPUs (or GPUs) hold."""
     import ray
 
-    limit = max_concurrent or plan.max_concurrent
     resources = plan.resources
     available = ray.cluster_resources()
     held = int(available.get("GPU", 0) // resources.gpu) if resources.gpu else int(available.get("CPU", 1) // resources.cpu)
@@ -686,6 +686,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from blockforge.search.run.searcher import CellSearcher
 
     t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
+    limit = max_concurrent or plan.max_concurrent  # trials at once: --max-concurrent, else the search file's (None: the cluster's)
     trainable = _trainable(plan, store, absent)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
     interrupts.check()
@@ -706,7 +707,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
             trainable,
             tune_config=tune.TuneConfig(
                 search_alg=CellSearcher(plan, store, from_ledger=resume), scheduler=scheduler, num_samples=-1,
-                max_concurrent_trials=max_concurrent or plan.max_concurrent, reuse_actors=True,
+                max_concurrent_trials=limit, reuse_actors=True,
                 metric=OBJECTIVE, mode=plan.mode,
             ),
             run_config=tune.RunConfig(
@@ -716,7 +717,7 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
         )
     interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
-        with TrialFailures(), warm_slots(_slots(plan, max_concurrent)):  # Ray's tracebacks of failed trials are kept for the
+        with TrialFailures(), warm_slots(_slots(plan, limit)):  # Ray's tracebacks of failed trials are kept for the
             tuner.fit()  # ledger's sentence, not shown; each slot's trial process is kept across the stages' barriers
     finally:
         for name in QUIET_WHEN_INTERRUPTED:

@@ -69,8 +69,7 @@ def warm_slots(slots: int) -> Iterator[bool]:
         yield False
         return
     controller, base = found
-    cache = slot_cache_class(base, slots)
-    controller._ObjectCache = lambda may_keep_one=True: cache(may_keep_one=may_keep_one)
+    controller._ObjectCache = slot_cache_class(base, slots)
     try:
         yield True
     finally:

@@ -192,7 +192,7 @@ def _train(config: dict, plan: SearchPlan, storage: Storage) -> None:
         resume = bool(checkpoint_folders(run_dir))  # the newest intact one is taken, whatever latest.json says (a kill between the two)
         with data_parallel_peers(recipe, run_dir, workers, resume):
             trainer = Trainer(recipe, run_dir, resume=resume, progress=False, keep_checkpoints=plan.checkpoints_kept,
-                              planned_memory=getattr(plan, "memory_needs", {}).get(config["cell"]))  # (a plan from an older search has none)
+                              planned_memory=plan.memory_needs.get(config["cell"]))  # the driver's plan (none: planned here)
             with open(run_dir / "attempts.jsonl", "a") as f:  # which node ran it, from which step (retries append), and when
                 f.write(json.dumps({"trial": config["number"], "node_id": ray.get_runtime_context().get_node_id(),
                                     "workers": workers, "start_step": trainer.state["step"], **_timing(config)}) + "\n")

@@ -67,11 +67,11 @@ class SearchContext:
 
     def memory_need(self, cell: str) -> int:
         """The memory plan of cell `cell`'s largest trial, in bytes per training process (search/preflight.py), once."""
-        if getattr(self, "memory", None) is None:  # (a context unpickled from an older search has none)
+        if not getattr(self.plan, "memory_needs", None):  # the driver plans it before the first trial (a plan unpickled from an older search has none)
             from blockforge.search.preflight import memory_needs
 
-            self.memory = memory_needs(self.plan)
-        return self.memory.get(cell, 0)
+            self.plan.memory_needs = memory_needs(self.plan)
+        return self.plan.memory_needs.get(cell, 0)
 
     def computed_costs(self, recipe) -> dict[str, float]:
         """The computed costs the search's objectives and constraints name, once per architecture."""
