@@ -216,6 +216,7 @@ def test_a_run_logs_its_curves_once_across_a_resume(trackers, capsys):
     assert found[0].data.params["train.lr"] == "0.003" and found[0].info.status == "FINISHED"
 
 
+@pytest.mark.slow  # a second tracked search and a plain one; the default suite's tracked search is the W&B and MLflow one above
 def test_a_search_run_from_python_logs_every_trial_and_one_without_tracking_is_untouched(trackers, ray_session):
     path = write_search(trackers, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[],
                         space={ALPHA: {"choice": [0.0, 0.5]}}, sampler={"random": {"seed": 0}}, max_concurrent=1,
