@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,11 +23,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def quiet_port() -> int:
+    """A free port that nothing else of the session will take while the proxy is cut or not yet started: below the
+    kernel's ephemeral range (where outgoing connections and `free_port` pick theirs) and above Ray's worker ports
+    (10002-19999). A port from `free_port` is only free the moment it is read; a later connection may get it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = list(range(20000, ephemeral_low))
+    random.Random(f"{os.getpid()}-{time.time_ns()}").shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 # One endpoint per test process and the commands it starts (they inherit it); each pytest-xdist worker its own, not the
 # one its controller chose when it read this module.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 INHERITED = os.environ.get("BLOCKFORGE_TEST_S3_PORT") if os.environ.get("BLOCKFORGE_TEST_S3_WORKER") == WORKER else None
-PROXY_PORT = int(INHERITED or free_port())
+PROXY_PORT = int(INHERITED or quiet_port())
 ENV = {
     "AWS_ENDPOINT_URL": f"http://127.0.0.1:{PROXY_PORT}",
     "AWS_ACCESS_KEY_ID": "testing",
@@ -132,7 +154,7 @@ class S3:
     """The test session's server: moto behind the proxy at ENV's endpoint."""
 
     def __init__(self):
-        self.server_port = free_port()
+        self.server_port = quiet_port()
         self.server = start_moto(self.server_port)
         self.proxy = Proxy(PROXY_PORT, self.server_port)
         self.proxy.restore()
@@ -163,7 +185,7 @@ def authenticated_server() -> tuple[subprocess.Popen, int, dict[str, dict[str, s
     may only read: (server, port, {"writer": env, "reader": env})."""
     import boto3
 
-    port = free_port()
+    port = quiet_port()
     server = start_moto(port, auth_actions=7)  # the set-up below, then every request is checked
     url = f"http://127.0.0.1:{port}"
     s3, iam = boto3.client("s3", endpoint_url=url), boto3.client("iam", endpoint_url=url)
