@@ -111,6 +111,68 @@ def test_a_free_slot_at_explorations_end_starts_the_baselines_confirmation_seeds
     assert Findings.of(plan, records).evidence["depth=4"].claim() == Findings.of(waited_plan, waited).evidence["depth=4"].claim()
 
 
+def test_a_baselines_early_seed_still_training_holds_back_no_finalist_and_the_next_round_waits_for_every_seed(tmp_path):
+    """Exploration has ended and only a baseline's early seed still trains: the ranking is known, so the finalists' seeds
+    of round one start in the free slots rather than after it; who races on in round two is decided only once every
+    seed of round one has ended; and the search trains the same replicates, with the same answer, as one run a trial at
+    a time."""
+    from blockforge.search.config import OBJECTIVE
+    from blockforge.search.reports.findings import Findings
+
+    alpha = "model.layers.mix_ln.alpha"
+    settings = dict(cells={"model.depth": [4]}, scheduler=None, trials_per_cell=4, sampler={"grid": {}},
+                    space={alpha: {"grid": [0.0, 0.25, 0.5, 0.75]}}, baselines=[{alpha: 0.0}], confirm={"top": 2, "seeds": 2})
+    best = {0.0: 5.3, 0.25: 5.0, 0.5: 5.1, 0.75: 5.4}  # the finalists: 0.25 and 0.5, and the baseline Pre-LN (0.0)
+    value = lambda config: best[dict(config["overrides"])[alpha]] + 0.01 * dict(config["overrides"])["train.seed"]  # noqa: E731
+    (tmp_path / "slots").mkdir()
+    plan = load_search(write_search(tmp_path / "slots", **settings))
+    searcher = CellSearcher(plan, str(tmp_path / "slots" / "s"))
+    running = {}
+
+    def take(trial_id):
+        config = searcher.suggest(trial_id)
+        if config is not None and config != searcher.FINISHED:
+            running[trial_id] = config
+        return config
+
+    def finish(trial_id):
+        config = running.pop(trial_id)
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value(config), "val_loss": value(config), "step": 30})
+
+    seeded = lambda config: (dict(config["overrides"])[alpha], dict(config["overrides"])["train.seed"])  # noqa: E731
+    for i in range(3):
+        take(f"x{i}")
+    finish("x0")
+    finish("x1")
+    take("x3")
+    finish("x2")
+    assert seeded(take("early")) == (0.0, 1)  # the baseline's first further seed, while exploration's last trial trains
+    finish("x3")  # exploration has ended; the baseline's seed trains on
+    round_one = [take("f0"), take("f1")]
+    assert sorted(seeded(c) for c in round_one) == [(0.25, 1), (0.5, 1)]
+    assert seeded(take("ahead")) == (0.0, 2)  # Pre-LN's seed of round two: it never leaves the race
+    assert take("wait") is None  # the others of round two wait for round one's seeds, all of them
+    for trial_id in ("f0", "early", "f1"):
+        finish(trial_id)
+        if trial_id != "f1":
+            assert take("wait") is None
+    assert seeded(take("s0")) == (0.25, 2)  # the leader's seed two: 0.5, clearly behind it on round one's seeds, left the race
+    assert take("s1") is None
+    finish("ahead")
+    finish("s0")
+    drive(searcher, value, trial_prefix="rest")
+    records = Ledger(tmp_path / "slots" / "s" / "trials.jsonl").records()
+
+    (tmp_path / "waited").mkdir()
+    waited_plan = load_search(write_search(tmp_path / "waited", **settings))
+    drive(CellSearcher(waited_plan, str(tmp_path / "waited" / "s")), value)  # one trial at a time: never a free slot
+    waited = Ledger(tmp_path / "waited" / "s" / "trials.jsonl").records()
+
+    trained = lambda rs: sorted((r.alpha, r.seed, str(r.stage)) for r in rs if r.status == "completed")  # noqa: E731
+    assert trained(records) == trained(waited)
+    assert Findings.of(plan, records).evidence["depth=4"].claim() == Findings.of(waited_plan, waited).evidence["depth=4"].claim()
+
+
 def test_while_a_confirmation_rounds_last_trial_trains_pre_ln_starts_its_next_seed(tmp_path):
     """Pre-LN never leaves the race, so its seed of the next round is known while the round's last trial still trains: a
     free slot starts it, and the round after queues only what is left."""

@@ -43,6 +43,8 @@ class CellLike(Protocol):
 
     def identify(self, trial: "Trial") -> "Trial": ...
 
+    def in_flight(self, stage: "Stage") -> list["Trial"]: ...
+
     def proxies_done(self) -> bool: ...
 
 
@@ -166,6 +168,8 @@ class Stage:
     label: str | None = None  # how compute plans name its column (default: name's value)
     on_demand = False  # hands out trials when asked (exploration), rather than queueing them when opened
     answers = True  # its trials decide the cell's answer; False: it tests an answer already given (lr, length, transfer)
+    # `open` may be asked while trials this stage queued still run (see `open`); False: only once they have all ended
+    opens_beside_own = False
 
     def active(self, cell: CellLike) -> bool:
         """An on-demand stage: whether it has a trial to hand out now."""
@@ -176,8 +180,10 @@ class Stage:
         return None
 
     def open(self, cell: CellLike) -> bool | None:
-        """The cell is idle and every stage before this one has nothing more: queue trials (True when any was
-        queued), have nothing (False), or not yet be able to tell (None: the cell waits)."""
+        """Every stage before this one has nothing more and none of their trials runs: queue trials (True when any was
+        queued), have nothing (False), or not yet be able to tell (None: the cell waits). Trials later stages started
+        early may run; so may this stage's own where `opens_beside_own` says so: it then queues only what does not
+        depend on them (returning None while what it would decide next does), and it is not done while any of them runs."""
         return False
 
     def early(self, cell: CellLike) -> bool:

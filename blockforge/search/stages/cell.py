@@ -117,6 +117,9 @@ class StageView:
     def identify(self, trial: Trial) -> Trial:
         return self._cell.identify(trial)
 
+    def in_flight(self, stage: Stage) -> list[Trial]:
+        return self._cell.in_flight(stage)
+
     def proxies_done(self) -> bool:
         """Whether every proxy cell of the search is finished (what a transfer target waits for)."""
         return self._cell.context.proxies_done()
@@ -163,15 +166,22 @@ class Cell:
             return True
         if self.queue:
             return True
+        owners = set()
         if self.busy():  # the stages wait for the trials running; work that does not depend on them starts in a free slot
-            return any(stage.early(self.given_to(stage)) for stage in self.stages[1:]) and bool(self.queue)
+            if any(stage.early(self.given_to(stage)) for stage in self.stages[1:]) and self.queue:
+                return True
+            owners = {id(self.stage_of(trial)) for trial in self.unfinished()}
+            if not all(stage.opens_beside_own for stage in self.stages if id(stage) in owners):
+                return False
         for stage in self.stages:
             opened = stage.open(self.given_to(stage))
             if opened is None:
-                return False  # waits (a transfer target, for its proxy cells)
+                return False  # waits (a transfer target, for its proxy cells; a stage, for its own trials)
             if opened:
                 self.answered = self.answered or not stage.answers
                 return bool(self.queue)
+            if id(stage) in owners:
+                return False  # not done while trials of its own run: the stages after it wait for them
         self.finished = self.answered = True
         self.context.thin(self)
         return False
@@ -192,6 +202,14 @@ class Cell:
 
     def busy(self) -> bool:
         return bool(self.running) or any(self.waiting.values())
+
+    def unfinished(self) -> list[Trial]:
+        """Its trials running now and the twins waiting for them."""
+        return [self.context.live[i] for i in self.running] + [t for twins in self.waiting.values() for t in twins]
+
+    def in_flight(self, stage: Stage) -> list[Trial]:
+        """Its trials running or waiting now whose outcomes go to `stage`."""
+        return [t for t in self.unfinished() if self.stage_of(t) is stage]
 
     # ---- trials -------------------------------------------------------------------------------------------
 

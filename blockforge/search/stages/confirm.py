@@ -78,6 +78,7 @@ def race_history(plan: SearchPlan, evidence, base_seed: int) -> dict[str, tuple[
 
 class Confirm(Stage):
     name = StageName.CONFIRM
+    opens_beside_own = True  # a round's seeds start while the baselines' early ones run; the next round waits for this one's
 
     def __init__(self, plan: SearchPlan):
         self.plan = plan
@@ -89,6 +90,8 @@ class Confirm(Stage):
             self._choose(cell)
         finalists = cell.finalists
         while finalists.extra_seeds < self.plan.confirm.seeds:  # one round: a further seed for every finalist still racing
+            if any(t.seed <= cell.base_seed + finalists.extra_seeds for t in cell.in_flight(self)):
+                return None  # who races on is decided on this round's seeds, all of them
             self._drop_behind(cell)
             finalists.next_seed()
             seeds = finalists.seeds(cell.base_seed)  # a promoted finalist catches up on earlier ones
