@@ -333,6 +333,28 @@ def stop_ray() -> None:
         reaper.release()
 
 
+def stop_ray_behind():
+    """stop_ray in a thread of its own, for a caller with other work meanwhile (a search's reports); returns the wait for it,
+    which raises what stop_ray raised."""
+    failed: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            stop_ray()
+        except BaseException as err:  # handed to the waiting thread
+            failed.append(err)
+
+    thread = threading.Thread(target=stop, name="ray-stop", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return wait
+
+
 def probe_address(address: str) -> None:
     """One sentence, within seconds, when nothing accepts a connection at `address` (host:port or ray://host:port)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")

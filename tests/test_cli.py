@@ -123,15 +123,42 @@ def test_a_finished_search_exits_though_a_library_thread_would_hold_it_open(tmp_
         import sys, threading, time
         from blockforge.cli import search
         threading.Thread(target=time.sleep, args=(600,)).start()  # a library's thread, not a daemon: the interpreter waits for it
-        search.exit_within(0.5, 3)
-        sys.exit(3)
+        search.end_process(3, grace_s=0.5)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and "a library's threads still held the process open; it exits now" in done.stderr
     from blockforge.cli import main
 
     calls = []
-    monkeypatch.setattr("blockforge.cli.search.exit_within", lambda *args: calls.append(args))
+    monkeypatch.setattr("blockforge.cli.search.end_process", lambda *args: calls.append(args))
     monkeypatch.setattr("blockforge.cli.search.run", lambda args: 0)
     main(["search", "searches/quickstart.yaml"])
     assert not calls
+
+
+def test_a_finished_search_process_ends_as_the_interpreter_would_less_its_teardown(tmp_path):
+    """What the interpreter's exit does that matters is done before the process leaves: a thread that is no daemon
+    finishes its work, exit handlers run in their order (a tracker's flush, a temporary folder's removal), buffered output
+    is written; and the exit code is the search's."""
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(f"""
+        import atexit, sys, tempfile, threading, time
+        from pathlib import Path
+        from blockforge.cli import search
+        out = Path({str(tmp_path)!r})
+        threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("done"))).start()
+        atexit.register(lambda: (out / "handlers").write_text((out / "handlers").read_text() + "first ran last"))
+        atexit.register(lambda: (out / "handlers").write_text("last ran first; "))
+        temporary = tempfile.TemporaryDirectory()
+        (out / "temporary").write_text(temporary.name)
+        sys.stdout.write("the summary, unflushed")
+        search.end_process(5)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "the summary, unflushed" and done.stderr == ""
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "handlers").read_text() == "last ran first; first ran last"
+    assert not Path((tmp_path / "temporary").read_text()).exists()

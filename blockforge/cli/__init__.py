@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
         if argv is None and args.command == "search":  # this process is the command: it ends soon after the search did
-            from blockforge.cli.search import EXIT_GRACE_S, exit_within
+            from blockforge.cli.search import end_process
 
-            exit_within(EXIT_GRACE_S, code)
+            end_process(code)
         return code
     except BlockforgeError as err:
         print(f"blockforge: error: {err}", file=sys.stderr)

@@ -69,20 +69,41 @@ def run(args: argparse.Namespace) -> int:
 EXIT_GRACE_S = 60.0  # how long the search's libraries may hold the finished process open
 
 
-def exit_within(seconds: float, code: int) -> None:
-    """Once the search is done and said, the process ends within `seconds` however it ends: a library's thread left
-    running (a tracker's service, a storage's pool, Ray's own) that keeps the interpreter from exiting is cut off, with one
-    line, since everything the search keeps is written by then. Only for the `blockforge` process itself (cli.main on the
-    command line's own arguments), never for a caller that runs the command in its own process."""
+def end_process(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """End the `blockforge` process once the search is done and said, with exit status `code`; never returns.
+
+    As the interpreter's own exit does, it waits for the threads that are no daemons and runs the exit handlers (Ray's,
+    logging's, the trackers', temporary folders'); then it leaves without tearing down every module and native library
+    loaded (torch's alone takes most of a second, all of them about two). A library's thread that keeps running (a
+    tracker's service, a storage's pool) is cut off after `grace_s`, with one line, since everything the search keeps is
+    written by then. Only for the `blockforge` process itself (cli.main on the command line's own arguments), never for a
+    caller that runs the command in its own process."""
+    import atexit
     import os
     import sys
     import threading
+    import time
+
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
 
     def cut_off() -> None:
-        threading.Event().wait(seconds)
-        print(f"blockforge: the search ended {seconds:.0f} s ago and a library's threads still held the process open; it exits now",
+        threading.Event().wait(grace_s)
+        print(f"blockforge: the search ended {grace_s:.0f} s ago and a library's threads still held the process open; it exits now",
               file=sys.stderr, flush=True)
-        sys.stdout.flush()
+        flush()
         os._exit(code)
 
     threading.Thread(target=cut_off, name="blockforge-exit", daemon=True).start()
+    flush()
+    deadline = time.monotonic() + grace_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    atexit._run_exitfuncs()
+    flush()
+    os._exit(code)

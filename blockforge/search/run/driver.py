@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray
+from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray, stop_ray_behind
 from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import FolderInTheWay, atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.lock import RunLock
@@ -447,7 +447,9 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
     from blockforge.search.reports.tracked import SearchTracking
 
     tracking = SearchTracking.open(plan, store)  # W&B, MLflow: their failures are warnings, before anything trains
+    ray_stopped = None  # the wait for a Ray that stops while the reports are written
     try:
+        fitted = False
         with Interrupts(command) as interrupts, store.driving():
             try:
                 started_here = ensure_ray(address)
@@ -467,6 +469,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                 view = ProgressView(ledger, plan, every_s=progress_every_s, tracking=tracking, mode=progress)
                 ProgressView.current = view
                 _fit_noting_write_failures(plan, store, resume, max_concurrent, view, interrupts, bool(retried), command)
+                fitted = interrupts.signal is None and interrupts.write_failure is None  # every trial ended: no process writes more
             except BaseException:
                 if interrupts.phase == "start" and not resume:
                     marker.unlink(missing_ok=True)  # nothing started: the next plain run starts afresh
@@ -483,7 +486,9 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                     if interrupts.write_failure is None:
                         raise  # on a full disk the trial's running record stands, and --resume continues it all the same
                 finally:
-                    if started_here:
+                    if started_here and fitted:
+                        ray_stopped = stop_ray_behind()  # (seconds of waiting on its processes, while the reports are written)
+                    elif started_here:
                         stop_ray()
             interrupts.phase = "end"
             if interrupts.write_failure is not None:
@@ -503,6 +508,8 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         ProgressView.current = None
         if tracking is not None:  # the search stopped on an error: its tracker runs end as killed
             tracking.trackers.close(finished=False)
+        if ray_stopped is not None:
+            ray_stopped()
     return SearchOutcome(search_dir, ledger.records(), summary, interrupted=interrupts.signal, resume_command=interrupts.resume_command,
                          location=str(store))
 
