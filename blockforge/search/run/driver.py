@@ -692,7 +692,8 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from blockforge.search.run.scheduler import CellScheduler
     from blockforge.search.run.searcher import CellSearcher
 
-    t_quantile(2)  # load scipy.stats now, not inside Tune's first result callback
+    # scipy.stats (most of a second) loads while Tune starts the first trials, not in its first result callback
+    threading.Thread(target=t_quantile, args=(2,), name="load-scipy", daemon=True).start()
     limit = max_concurrent or plan.max_concurrent  # trials at once: --max-concurrent, else the search file's (None: the cluster's)
     trainable = _trainable(plan, store, absent)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
