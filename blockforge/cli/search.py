@@ -91,19 +91,21 @@ def end_process(code: int, grace_s: float = EXIT_GRACE_S) -> None:
             except (OSError, ValueError):
                 pass
 
-    def cut_off() -> None:
-        threading.Event().wait(grace_s)
+    def cut_off(after_s: float = 0.0) -> None:
+        threading.Event().wait(after_s)
         print(f"blockforge: the search ended {grace_s:.0f} s ago and a library's threads still held the process open; it exits now",
               file=sys.stderr, flush=True)
         flush()
         os._exit(code)
 
-    threading.Thread(target=cut_off, name="blockforge-exit", daemon=True).start()
     flush()
     deadline = time.monotonic() + grace_s
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join(max(0.0, deadline - time.monotonic()))
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in others):
+        cut_off()
+    threading.Thread(target=cut_off, args=(grace_s,), name="blockforge-exit", daemon=True).start()  # an exit handler that hangs
     atexit._run_exitfuncs()
     flush()
     os._exit(code)
