@@ -142,13 +142,15 @@ class Cell:
         self.view = StageView(self)  # what its queueing stages receive
         self.finished = False
         self.answered = False  # its answer is confirmed: exploration, confirmation, promotion and racing have nothing more
+        self.heard = 0  # trials ended so far (what a stage can decide on changes only then)
+        self.asked_beside = -1  # `heard` when its stages were last asked for work beside trials still running
         self._evidence = None
 
     def __getstate__(self) -> dict:  # Tune pickles the searcher: caches are rebuilt, records read again on restore
         return {**self.__dict__, "_evidence": None, "latest": {}, "view": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"heard": 0, "asked_beside": -1, **state})  # (a searcher saved before they were kept)
         self.view = StageView(self)
 
     def given_to(self, stage: Stage) -> "Cell | StageView":
@@ -171,8 +173,9 @@ class Cell:
             if any(stage.early(self.given_to(stage)) for stage in self.stages[1:]) and self.queue:
                 return True
             owners = {id(self.stage_of(trial)) for trial in self.unfinished()}
-            if not all(stage.opens_beside_own for stage in self.stages if id(stage) in owners):
-                return False
+            if self.asked_beside == self.heard or not all(stage.opens_beside_own for stage in self.stages if id(stage) in owners):
+                return False  # (asked already since the last trial ended: nothing they decide on has changed)
+            self.asked_beside = self.heard
         for stage in self.stages:
             opened = stage.open(self.given_to(stage))
             if opened is None:
@@ -286,6 +289,7 @@ class Cell:
     def finish(self, trial_id: str, trial: Trial, result: dict, error: bool) -> None:
         """A trial of this cell ended: record it, tell its stage, and settle the twins that waited for it."""
         self.running.discard(trial_id)
+        self.heard += 1
         plan = self.plan
         status = ended_status(result, error, trial.steps or plan.settings[self.name].steps)  # its own budget (cells may differ)
         value = {Status.DIVERGED: plan.penalty, Status.COMPLETED: result.get("objective")}.get(status)
