@@ -71,6 +71,27 @@ def test_every_stage_counts_its_own_worst_case():
         assert issubclass(stage, Base) and stage.worst_case is not Base.worst_case, stage
 
 
+def by_hand(searcher, value_of):
+    """Trials handed out and ended one by one, as Tune would with several slots: `take(id)` asks the searcher for a trial
+    (its config, None while it has nothing to hand out); `finish(id)` ends that trial at its full budget with
+    `value_of(config)`."""
+    from blockforge.search.config import OBJECTIVE
+
+    running = {}
+
+    def take(trial_id):
+        config = searcher.suggest(trial_id)
+        if config is not None and config != searcher.FINISHED:
+            running[trial_id] = config
+        return config
+
+    def finish(trial_id):
+        config = running.pop(trial_id)
+        searcher.on_trial_complete(trial_id, {OBJECTIVE: value_of(config), "val_loss": value_of(config), "step": 30})
+
+    return take, finish
+
+
 def test_a_free_slot_at_explorations_end_starts_the_baselines_confirmation_seeds_and_every_answer_stays(tmp_path):
     """Exploration's last trial still trains and a slot is free: the baselines' first further seed (which confirmation
     trains whatever the ranking) starts there, as the same trial (identity, seed) confirmation would queue later; the
@@ -116,7 +137,6 @@ def test_a_baselines_early_seed_still_training_holds_back_no_finalist_and_the_ne
     of round one start in the free slots rather than after it; who races on in round two is decided only once every
     seed of round one has ended; and the search trains the same replicates, with the same answer, as one run a trial at
     a time."""
-    from blockforge.search.config import OBJECTIVE
     from blockforge.search.reports.findings import Findings
 
     alpha = "model.layers.mix_ln.alpha"
@@ -127,18 +147,7 @@ def test_a_baselines_early_seed_still_training_holds_back_no_finalist_and_the_ne
     (tmp_path / "slots").mkdir()
     plan = load_search(write_search(tmp_path / "slots", **settings))
     searcher = CellSearcher(plan, str(tmp_path / "slots" / "s"))
-    running = {}
-
-    def take(trial_id):
-        config = searcher.suggest(trial_id)
-        if config is not None and config != searcher.FINISHED:
-            running[trial_id] = config
-        return config
-
-    def finish(trial_id):
-        config = running.pop(trial_id)
-        searcher.on_trial_complete(trial_id, {OBJECTIVE: value(config), "val_loss": value(config), "step": 30})
-
+    take, finish = by_hand(searcher, value)
     seeded = lambda config: (dict(config["overrides"])[alpha], dict(config["overrides"])["train.seed"])  # noqa: E731
     for i in range(3):
         take(f"x{i}")
@@ -176,7 +185,6 @@ def test_a_baselines_early_seed_still_training_holds_back_no_finalist_and_the_ne
 def test_while_a_confirmation_rounds_last_trial_trains_pre_ln_starts_its_next_seed(tmp_path):
     """Pre-LN never leaves the race, so its seed of the next round is known while the round's last trial still trains: a
     free slot starts it, and the round after queues only what is left."""
-    from blockforge.search.config import OBJECTIVE
 
     alpha = "model.layers.mix_ln.alpha"
     plan = load_search(write_search(tmp_path, cells={"model.depth": [4]}, scheduler=None, trials_per_cell=4, sampler={"grid": {}},
@@ -184,17 +192,7 @@ def test_while_a_confirmation_rounds_last_trial_trains_pre_ln_starts_its_next_se
     searcher = CellSearcher(plan, str(tmp_path / "s"))
     best = {0.0: 5.3, 0.25: 5.0, 0.5: 5.1, 0.75: 5.4}  # the two best are 0.25 and 0.5; Pre-LN (0.0) joins them as the reference
     value = lambda config: best[dict(config["overrides"])[alpha]] + 0.01 * dict(config["overrides"])["train.seed"]  # noqa: E731
-    running = {}
-
-    def take(trial_id):
-        config = searcher.suggest(trial_id)
-        if config is not None and config != searcher.FINISHED:
-            running[trial_id] = config
-        return config
-
-    def finish(trial_id):
-        config = running.pop(trial_id)
-        searcher.on_trial_complete(trial_id, {OBJECTIVE: value(config), "val_loss": value(config), "step": 30})
+    take, finish = by_hand(searcher, value)
 
     for i in range(4):  # exploration, one at a time
         take(f"x{i}")

@@ -447,7 +447,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
     from blockforge.search.reports.tracked import SearchTracking
 
     tracking = SearchTracking.open(plan, store)  # W&B, MLflow: their failures are warnings, before anything trains
-    ray_stopped = None  # the wait for a Ray that stops while the reports are written
+    ray_stopped = None  # the wait for a Ray that stops while the reports are written (stop_ray_behind)
     try:
         fitted = False
         with Interrupts(command) as interrupts, store.driving():
@@ -486,10 +486,8 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
                     if interrupts.write_failure is None:
                         raise  # on a full disk the trial's running record stands, and --resume continues it all the same
                 finally:
-                    if started_here and fitted:
-                        ray_stopped = stop_ray_behind()  # (seconds of waiting on its processes, while the reports are written)
-                    elif started_here:
-                        stop_ray()
+                    if started_here:  # every trial ended: Ray's seconds of stopping pass while the reports are written
+                        ray_stopped = stop_ray_behind() if fitted else stop_ray()
             interrupts.phase = "end"
             if interrupts.write_failure is not None:
                 raise WriteError(f"{interrupts.write_failure}; the search stopped there: {interrupts.write_fix}, then resume with: "
