@@ -8,7 +8,8 @@ side's training steps are timed by the runs themselves (result.json's elapsed); 
 two sides' step times, so a machine that is busier during one side does not move the ratio.
 
 The split of the search's slot-seconds (slots x wall): training steps and evaluation (result.json), each trial's set-up
-(from reaching its process to its first step: attempts.jsonl), process starts (a trial that is its process's first),
+(from reaching its process to its first step: attempts.jsonl), process starts (a trial that is its process's first: from
+the process's start, or for a worker Ray started with itself from when the driver began asking for trials),
 the driver's own time before the first trial and after the last one (plan, data, Ray, reports), and the slots' idle
 time (the rest: a slot with no trial, at a barrier or while Tune starts the next).
 
@@ -118,13 +119,16 @@ def split(out: Path, runs: list[dict], wall: float, slots: int) -> dict[str, flo
     """The search's slot-seconds by where they went (see the module's docstring)."""
     started = float((out / "benchmark-started").read_text())
     ledger = {json.loads(line)["identity"]: json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()}
+    ready = (out / "search.json").stat().st_mtime  # the driver wrote it as it began asking for trials
+    # A process counts from its start, or from `ready` for one of the workers Ray started with itself (idle till then).
+    begun = {id(run): max(run["process_started"] or run["entered"], ready) for run in runs}
     first_of_process: dict[int, float] = {}
     for run in runs:
         first_of_process[run["pid"]] = min(first_of_process.get(run["pid"], float("inf")), run["entered"])
-    starts = sum(run["entered"] - run["process_started"] for run in runs
+    starts = sum(run["entered"] - begun[id(run)] for run in runs
                  if run["process_started"] is not None and run["entered"] == first_of_process[run["pid"]])
     ends = [run["entered"] + ledger[run["folder"].name]["wall_s"] for run in runs if run["folder"].name in ledger]
-    first = min(run["process_started"] or run["entered"] for run in runs)  # a slot's first process start is not the driver's
+    first = min(begun.values())  # a slot's first process start is not the driver's
     driver = (first - started) + (started + wall - max(ends))  # before the first trial and after the last: by the slots' count
     parts = {"training steps": sum(r["steps_s"] for r in runs), "evaluation": sum(r["eval_s"] for r in runs),
              "trial set-up": sum(r["set_up"] - r["entered"] for r in runs), "process starts": starts, "driver (plan, Ray, reports)": slots * driver}

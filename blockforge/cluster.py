@@ -84,18 +84,31 @@ def ensure_ray(address: str | None) -> bool:
     if address is not None:
         _join(address, quiet)
         return True
+    global _started_env
     token = reaper.start()  # before Ray starts: whatever of it outlives this process is ended
     if token is not None:
         os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
+    # Tune gives its trial processes this setting; Ray's own workers have it too, so a trial may take one (search/run/slots.py)
+    os.environ.setdefault("PL_DISABLE_FORK", "1")
     try:
         # address="local": a Ray of its own, even where `ray start` left a cluster ray.init would join.
         _start_local(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
+        _started_env = dict(os.environ)
     except BaseException:
         stop_ray()
         raise
     finally:
         os.environ.pop(reaper.MARK, None)
     return True
+
+
+_started_env: dict[str, str] | None = None  # the environment of the local Ray ensure_ray started, until stop_ray
+
+
+def started_environment() -> dict[str, str] | None:
+    """The environment every process of the local Ray this process started (and has not stopped) inherited, its workers
+    included; None for a Ray joined at an address or started otherwise."""
+    return _started_env
 
 
 START_ATTEMPTS = 3  # Ray waits 30 s (its own, fixed) for its node to register; a loaded machine gets this many of those
@@ -323,7 +336,8 @@ def stop_ray() -> None:
     """Shut down the Ray this process started or joined; the watcher ends any process of it that lingers."""
     import ray
 
-    global _keeper
+    global _keeper, _started_env
+    _started_env = None
     try:
         ray.shutdown()
     finally:
@@ -333,9 +347,30 @@ def stop_ray() -> None:
         reaper.release()
 
 
+_ENDS_WITH_COMMAND = threading.Event()  # set in the `blockforge` process itself: it ends as soon as it has answered
+_stopping: threading.Thread | None = None  # a stop_ray_behind under way
+
+
+def ends_with_command() -> None:
+    """This process is a `blockforge` command and ends once it has answered: a Ray stopping behind it (stop_ray_behind)
+    is not waited for. What is left of it ends with the process: the GCS and the raylet are tied to the thread that started
+    them, Ray's workers to the raylet, and the reaper ends any process of it still running."""
+    _ENDS_WITH_COMMAND.set()
+
+
+def leave_ray() -> None:
+    """Before the process ends: a stop under way is left to end with it, and Ray's own exit handler, which would stop
+    Ray a second time, is dropped."""
+    if _stopping is not None and _stopping.is_alive() and "ray" in sys.modules:
+        import atexit
+
+        atexit.unregister(sys.modules["ray"]._private.worker.shutdown)
+
+
 def stop_ray_behind():
     """stop_ray in a thread of its own, for a caller with other work meanwhile (a search's reports); returns the wait for it,
-    which raises what stop_ray raised."""
+    which raises what stop_ray raised (and returns at once in a process that ends with its command: ends_with_command)."""
+    global _stopping
     failed: list[BaseException] = []
 
     def stop() -> None:
@@ -344,10 +379,12 @@ def stop_ray_behind():
         except BaseException as err:  # handed to the waiting thread
             failed.append(err)
 
-    thread = threading.Thread(target=stop, name="ray-stop", daemon=True)
+    thread = _stopping = threading.Thread(target=stop, name="ray-stop", daemon=True)
     thread.start()
 
     def wait() -> None:
+        if _ENDS_WITH_COMMAND.is_set():
+            return
         thread.join()
         if failed:
             raise failed[0]

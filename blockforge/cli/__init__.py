@@ -50,9 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # Past a file size limit (ulimit -f) a write then fails with an OSError, reported below, instead of killing us.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    ends = argv is None and args.command == "search"  # this process is the command: it ends soon after the search did
+    if ends:
+        from blockforge.cluster import ends_with_command
+
+        ends_with_command()
     try:
         code = args.func(args)
-        if argv is None and args.command == "search":  # this process is the command: it ends soon after the search did
+        if ends:
             from blockforge.cli.search import end_process
 
             end_process(code)

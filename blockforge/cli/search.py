@@ -106,6 +106,9 @@ def end_process(code: int, grace_s: float = EXIT_GRACE_S) -> None:
     if any(thread.is_alive() for thread in others):
         cut_off()
     threading.Thread(target=cut_off, args=(grace_s,), name="blockforge-exit", daemon=True).start()  # an exit handler that hangs
+    from blockforge.cluster import leave_ray
+
+    leave_ray()  # a Ray still stopping ends with the process
     atexit._run_exitfuncs()
     flush()
     os._exit(code)

@@ -34,6 +34,36 @@ def test_warm_slots_replaces_tunes_cache_only_inside_the_block():
         assert not warm and tune_controller._ObjectCache is _ObjectCache
 
 
+def test_a_trial_takes_a_started_worker_only_where_that_worker_holds_tunes_environment(monkeypatch):
+    import os
+
+    from ray.tune.execution import tune_controller
+
+    from blockforge.search.run.slots import _class_cache, started_workers, started_workers_class
+
+    _, base, defaults, copied = _class_cache()
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    started = {**os.environ, **defaults}  # what Ray's processes inherited as it started
+
+    class Trainable:
+        pass
+
+    class Other:
+        pass
+
+    cache = started_workers_class(base, started, defaults, copied)()
+    assert "runtime_env" not in cache.get(Trainable)._default_options  # any started worker will do
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "set-since")  # Tune copies it into its trials; the started workers lack it
+    assert cache.get(Other)._default_options["runtime_env"]["env_vars"]["AWS_ACCESS_KEY_ID"] == "set-since"  # Tune's own way
+    monkeypatch.setattr("blockforge.cluster._started_env", None)  # a Ray joined or started elsewhere
+    with started_workers() as taken:
+        assert not taken and tune_controller._ActorClassCache is base
+    monkeypatch.setattr("blockforge.cluster._started_env", started)
+    with started_workers() as taken:
+        assert taken and tune_controller._ActorClassCache.__name__ == "StartedWorkers"
+    assert tune_controller._ActorClassCache is base
+
+
 def test_a_trial_takes_its_drivers_memory_plan_and_one_too_large_is_one_sentence(monkeypatch):
     import torch
 

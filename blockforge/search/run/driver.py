@@ -27,7 +27,7 @@ from blockforge.search.config import MARKER, SearchPlan, folder_marker, load_sea
 from blockforge.search.records.ledger import Ledger, TrialRecord
 from blockforge.search.records.store import SearchStore
 from blockforge.search.reports.live import ProgressView
-from blockforge.search.run.slots import warm_slots
+from blockforge.search.run.slots import started_workers, warm_slots
 from blockforge.spec import Assignment
 from blockforge.storage import Lease, Storage, StorageError
 from blockforge.train.events import Status
@@ -60,6 +60,7 @@ def _tune_callback(view: ProgressView):
             live().update(tune_trials=trials)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            _trials_report()
             if WRITE_ERROR in result:
                 _write_failed(result[WRITE_ERROR], result.get(WRITE_FIX) or "free space")
             live().update(tune_trials=trials)
@@ -191,6 +192,24 @@ _ACTIVE: Interrupts | None = None  # the running search's, which the Tune callba
 def _tune_listening() -> None:
     if _ACTIVE is not None:
         _ACTIVE.listening()
+
+
+_TRAINING = threading.Event()  # set at the search's first result: its trials train, and the driver has time to spare
+
+
+def _trials_report() -> None:
+    _TRAINING.set()
+
+
+def _load_ahead() -> None:
+    """What the driver will need, loaded off the path to an answer: scipy.stats (the first result's evidence) while Tune
+    starts the first trials, and the reports' drawing once trials train, when the driver has nothing else to do."""
+    from blockforge.search.evidence.evidence import t_quantile
+
+    with contextlib.suppress(Exception):  # only ahead of time: where it fails, the reports meet it and say so
+        t_quantile(2)
+        _TRAINING.wait()
+        _load_reports()
 
 
 def _write_failed(sentence: str, fix: str = "free space") -> None:
@@ -667,6 +686,16 @@ def _slots(plan: SearchPlan, limit: int | None) -> int:
     return max(1, min(limit, held) if limit else held)
 
 
+def _load_reports() -> None:
+    """Import what the reports draw and write with (matplotlib, TensorBoard's event records): a second's work otherwise
+    done after the last trial, between its end and the answer."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+    from tensorboard.summary.writer import record_writer  # noqa: F401
+
+    from blockforge.search.reports import report  # noqa: F401
+
+
 def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int | None, view: ProgressView, interrupts: Interrupts,
          rebuild: bool = False, absent: tuple[str, ...] = ()) -> None:
     """Build (or restore) the Tuner and run it until the search ends or a signal stops it. `rebuild`: start Tune afresh from
@@ -686,12 +715,11 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
     from ray import tune
 
     from blockforge.search.config import OBJECTIVE
-    from blockforge.search.evidence.evidence import t_quantile
     from blockforge.search.run.scheduler import CellScheduler
     from blockforge.search.run.searcher import CellSearcher
 
-    # scipy.stats (most of a second) loads while Tune starts the first trials, not in its first result callback
-    threading.Thread(target=t_quantile, args=(2,), name="load-scipy", daemon=True).start()
+    _TRAINING.clear()
+    threading.Thread(target=_load_ahead, name="load-ahead", daemon=True).start()
     limit = max_concurrent or plan.max_concurrent  # trials at once: --max-concurrent, else the search file's (None: the cluster's)
     trainable = _trainable(plan, store, absent)
     experiment = store.storage.child("tune")  # Tune keeps its state in the storage itself (a URI: through pyarrow)
@@ -723,8 +751,9 @@ def _fit(plan: SearchPlan, store: SearchStore, resume: bool, max_concurrent: int
         )
     interrupts.phase = "fit"  # a signal from here on reaches Tune once it listens
     try:
-        with TrialFailures(), warm_slots(_slots(plan, limit)):  # Ray's tracebacks of failed trials are kept for the
-            tuner.fit()  # ledger's sentence, not shown; each slot's trial process is kept across the stages' barriers
+        with TrialFailures(), warm_slots(_slots(plan, limit)), started_workers():  # Ray's tracebacks of failed trials are
+            tuner.fit()  # kept for the ledger's sentence, not shown; each slot's trial process is kept across the stages' barriers,
+            # and the first ones are the workers a local Ray started with it
     finally:
         for name in QUIET_WHEN_INTERRUPTED:
             logging.getLogger(name).removeFilter(quiet)
