@@ -63,6 +63,21 @@ def check_ray_environment() -> None:
 
 def ensure_ray(address: str | None) -> bool:
     """Connect to Ray: join `address`, reuse a running local Ray, or start one on loopback. True if started or joined here."""
+    ray = _ray_settings(address)
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        _join(address, QUIET)
+        return True
+    _start_here()
+    return True
+
+
+QUIET = dict(include_dashboard=False, log_to_driver=False, configure_logging=True)
+
+
+def _ray_settings(address: str | None):
+    """The environment Ray and Tune read, set and checked, then `import ray` (its module)."""
     if address is None:
         # Before `import ray`: keep a local Ray on 127.0.0.1 and without token auth.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -76,30 +91,66 @@ def ensure_ray(address: str | None) -> bool:
     os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "60")
     # Tune's per-trial result files (json, csv, TensorBoard): the ledger and each run folder's metrics hold it all.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    check_ray_environment()
-    ray = _import_ray()
-    if ray.is_initialized():
-        return False
-    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True)
-    if address is not None:
-        _join(address, quiet)
-        return True
-    global _started_env
-    token = reaper.start()  # before Ray starts: whatever of it outlives this process is ended
-    if token is not None:
-        os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
     # Tune gives its trial processes this setting; Ray's own workers have it too, so a trial may take one (search/run/slots.py)
     os.environ.setdefault("PL_DISABLE_FORK", "1")
+    check_ray_environment()
+    return _import_ray()
+
+
+def _start_here() -> None:
+    """Start a local Ray on loopback, its processes marked for the reaper."""
+    global _started_env
+    token = reaper.start()  # before Ray starts: whatever of it outlives this process is ended
+    environment = dict(os.environ)
+    if token is not None:
+        environment[reaper.MARK] = os.environ[reaper.MARK] = token  # inherited by every Ray process started from here
     try:
         # address="local": a Ray of its own, even where `ray start` left a cluster ray.init would join.
-        _start_local(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **quiet)
-        _started_env = dict(os.environ)
+        _start_local(address="local", num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES, _node_ip_address="127.0.0.1", **QUIET)
+        _started_env = environment
     except BaseException:
         stop_ray()
         raise
     finally:
         os.environ.pop(reaper.MARK, None)
-    return True
+
+
+class RayStart:
+    """A local Ray starting in a thread of its own while its caller does other work (a search's memory plan and its
+    checks); joining a cluster, or a Ray this process already has, waits for `wait` (ensure_ray then)."""
+
+    def __init__(self, address: str | None):
+        self.address, self.taken, self._thread, self._outcome = address, False, None, {}
+        if address is None and not _ray_settings(None).is_initialized():
+            self._thread = threading.Thread(target=self._start, name="ray-start", daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            _start_here()
+        except BaseException as err:  # handed to the waiting thread
+            self._outcome["error"] = err
+
+    def wait(self) -> bool:
+        """ensure_ray's answer: True if started or joined here; raises what starting raised."""
+        self.taken = True
+        if self._thread is None:
+            return ensure_ray(self.address)
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # the main thread stays free to run signal handlers
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return True
+
+    def abandon(self) -> None:
+        """For a caller that stopped before it took the Ray (a refusal): the start is waited for, and Ray stopped."""
+        if self.taken or self._thread is None:
+            return
+        self.taken = True
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+        if "error" not in self._outcome:
+            stop_ray()
 
 
 _started_env: dict[str, str] | None = None  # the environment of the local Ray ensure_ray started, until stop_ray

@@ -41,10 +41,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
-import torch
 
 from blockforge.data.batching import derived_seed, epoch_order, shuffled_batches
 from blockforge.data.tokenizer import check_token_ids, ids_fingerprint
@@ -52,6 +51,9 @@ from blockforge.errors import DataError
 from blockforge.io import atomic_write, atomic_write_json, read_mapping
 from blockforge.spec.data import DataConfig
 from blockforge.storage import Storage, cache_root, is_uri
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -789,6 +791,8 @@ def training_counts(folder: Path, manifest: Manifest) -> np.ndarray | None:
 
 
 def to_batch(rows: np.ndarray) -> torch.Tensor:
+    import torch  # here: checking a set (before a search starts Ray) needs no torch
+
     return torch.from_numpy(rows if rows.dtype == np.int64 else rows.astype(np.int64))
 
 

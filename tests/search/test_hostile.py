@@ -276,11 +276,47 @@ def test_a_set_with_a_cut_shard_is_refused_before_ray_starts(tmp_path, capsys, m
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the set was refused")
 
-    monkeypatch.setattr("blockforge.search.run.driver.ensure_ray", no_ray)
+    monkeypatch.setattr("blockforge.search.run.driver.RayStart", no_ray)
     capsys.readouterr()
     assert main(["search", str(path), "--out", str(tmp_path / "out"), "--set", f"data.prepared={tmp_path / 'set'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert f"data.prepared: {shard} holds" in err and "prepare the set again" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_search_refused_for_its_memory_plan_stops_the_ray_that_started_meanwhile(tmp_path):
+    """The memory plan is made while a local Ray starts: a refusal there is one sentence, and that Ray is stopped, not
+    left running (in a process of its own: the session's Ray would be reused instead)."""
+    path = write_search(tmp_path, cells={"model.depth": [2]}, baselines=[])
+    script = f"""
+import json, time
+import psutil
+import blockforge.search.preflight as preflight
+from blockforge.errors import BlockforgeError
+
+def raylets():
+    return [p for p in psutil.Process().children(recursive=True) if "raylet" in " ".join(p.cmdline())]
+
+def refuse(plan):
+    deadline = time.monotonic() + 300
+    while not raylets() and time.monotonic() < deadline:  # Ray starts beside the plan
+        time.sleep(0.1)
+    seen.append(bool(raylets()))
+    raise BlockforgeError("cell depth=2: too large to plan")
+
+seen = []
+preflight.memory_needs = refuse
+from blockforge.cli import main
+code = main(["search", {str(path)!r}, "--out", {str(tmp_path / "out")!r}])
+print(json.dumps({{"code": code, "raylet_while_planning": seen == [True], "raylets_after": len(raylets())}}))
+"""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"code": 2, "raylet_while_planning": True, "raylets_after": 0}, (seen, done.stderr[-2000:])
+    err = done.stderr.strip()
+    assert "too large to plan" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out" / "search.json").exists()
 
 

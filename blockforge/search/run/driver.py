@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from blockforge.cluster import TrialFailures, ensure_ray, probe_address, ray_failure, stop_ray, stop_ray_behind
+from blockforge.cluster import RayStart, TrialFailures, probe_address, ray_failure, stop_ray, stop_ray_behind
 from blockforge.errors import BlockforgeError, WriteError, warn
 from blockforge.io import FolderInTheWay, atomic_write_json, remove_leftover_temporaries, writable_folder, write_failure
 from blockforge.lock import RunLock
@@ -307,10 +307,11 @@ def run_search(
     """Run (or resume) the search in `path`; returns the records and the printed summary.
 
     `out`: the search folder, a local path or a URI (s3://bucket/prefix; blockforge.storage). `resume`: True continues the
-    search there, "auto" continues it if there is one and starts it otherwise. Everything that can be
-    checked before a trial starts is: the search file, the flags, the storage, each cell's memory plan (before Ray
-    starts), and the trial's resources and memory against the cluster's nodes, and that every node sees a local
-    search folder (once connected). A start that fails leaves no search.json behind, so the next plain run works.
+    search there, "auto" continues it if there is one and starts it otherwise. Everything that can be checked before a
+    trial starts is: the search file, the flags, the storage and the sets the recipes name (before Ray starts), each
+    cell's memory plan (while a local Ray starts, which a refusal stops), and the trial's resources and memory against the
+    cluster's nodes, and that every node sees a local search folder (once connected). A start that fails leaves no
+    search.json behind, so the next plain run works.
     """
     if max_concurrent is not None and max_concurrent < 1:
         raise BlockforgeError(f"--max-concurrent must be at least 1, not {max_concurrent}")
@@ -345,35 +346,39 @@ def _run_search(path, storage: Storage | None, *, address: str | None, resume: b
     from blockforge.search.run.datasets import check_named_sets
 
     check_named_sets(plan)  # before Ray starts: a set a recipe names that is missing, cut short or does not fit it is one sentence
-    needs = plan.memory_needs = memory_needs(plan)  # and so is a model too large even to plan; trials take this plan
-    from blockforge.search.reports.plan import format_plan, search_plan
-
-    print(format_plan(plan, search_plan(plan)), flush=True)
-    from blockforge.search.run.datasets import describe_sets
-
-    for line in describe_sets(plan):
-        print(line, flush=True)
-    for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
-        print(adjustment, flush=True)
-    writable_folder(search_dir, "the search" if not store.remote else f"the working copy of {store}")
-    # One driver per search folder, from before anything is written to the end of the reports (--resume too): an flock on
-    # the folder this machine works in, and for a storage a lease in the storage itself (drivers on other machines).
-    lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
-    lease, reachable = None, True
+    ray_start = RayStart(address)  # a local Ray starts while the memory plan is made and the folder taken: a refusal stops it
     try:
-        if store.remote:
-            lease = store.lease = Lease(store.storage, SEARCH_LEASE, "running this search").take()
-        remove_leftover_temporaries(search_dir)
-        return _run_owned(path, plan, store, needs, address=address, resume=resume, max_concurrent=max_concurrent,
-                          overrides=overrides, progress_every_s=progress_every_s, progress=progress)
-    except StorageError:
-        reachable = False  # the storage just failed: asking it again only waits for its retries
-        raise
+        needs = plan.memory_needs = memory_needs(plan)  # a model too large even to plan: one sentence too; trials take this plan
+        from blockforge.search.reports.plan import format_plan, search_plan
+
+        print(format_plan(plan, search_plan(plan)), flush=True)
+        from blockforge.search.run.datasets import describe_sets
+
+        for line in describe_sets(plan):
+            print(line, flush=True)
+        for adjustment in plan.adjustments:  # what loading changed in the recipes: said, never silent
+            print(adjustment, flush=True)
+        writable_folder(search_dir, "the search" if not store.remote else f"the working copy of {store}")
+        # One driver per search folder, from before anything is written to the end of the reports (--resume too): an flock on
+        # the folder this machine works in, and for a storage a lease in the storage itself (drivers on other machines).
+        lock = RunLock(search_dir, SEARCH_LOCK, "running a search in it").acquire()
+        lease, reachable = None, True
+        try:
+            if store.remote:
+                lease = store.lease = Lease(store.storage, SEARCH_LEASE, "running this search").take()
+            remove_leftover_temporaries(search_dir)
+            return _run_owned(path, plan, store, needs, ray_start, resume=resume, max_concurrent=max_concurrent, overrides=overrides,
+                              progress_every_s=progress_every_s, progress=progress)
+        except StorageError:
+            reachable = False  # the storage just failed: asking it again only waits for its retries
+            raise
+        finally:
+            if lease is not None:
+                lease.release(reachable=reachable)
+            store.lease = None
+            lock.release()
     finally:
-        if lease is not None:
-            lease.release(reachable=reachable)
-        store.lease = None
-        lock.release()
+        ray_start.abandon()  # nothing of it was taken (a refusal): the Ray started for it stops
 
 
 def _report(plan: SearchPlan, store: SearchStore, ledger: Ledger, tracking, stopped: bool) -> str:
@@ -447,13 +452,14 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
             interrupts.write_failure, interrupts.write_fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
 
 
-def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, address: str | None, resume: bool,
+def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, ray_start: RayStart, *, resume: bool,
                max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float, progress: str = "lines") -> SearchOutcome:
     """run_search in a search folder this driver holds the lock of."""
     from blockforge.search.preflight import check_cluster
 
     search_dir = store.local
     marker = search_dir / MARKER
+    address = ray_start.address
     command = resume_command(path, store.storage, overrides, address, max_concurrent)
     if store.holds_search() and not resume:
         raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
@@ -471,7 +477,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, *, addre
         fitted = False
         with Interrupts(command) as interrupts, store.driving():
             try:
-                started_here = ensure_ray(address)
+                started_here = ray_start.wait()
             except BlockforgeError as err:  # Ray did not start (or join): nothing of the search ran yet
                 raise BlockforgeError(f"{err}; then " + (f"resume with: {command}" if resume else "run the same command again")) from None
             try:
