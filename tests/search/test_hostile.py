@@ -320,6 +320,37 @@ print(json.dumps({{"code": code, "raylet_while_planning": seen == [True], "rayle
     assert not (tmp_path / "out" / "search.json").exists()
 
 
+def test_tunes_copy_meeting_a_file_tune_was_replacing_is_no_failure_of_the_search():
+    """Tune copies its driver folder to the storage while it writes its searcher's state beside it (a temporary, then a
+    rename): the copy can miss the temporary. Nothing is lost (the next save copies it), so no traceback is shown and the
+    search goes on; any other failed save is left as it was."""
+    import logging
+
+    from blockforge.search.run.driver import _StateWriteFailure
+
+    told = []
+
+    class Interrupts:
+        def write_failed(self, *said):
+            told.append(said)
+
+    class Store:
+        remote, local = False, Path("/searches/s")
+
+    def record(err: OSError) -> logging.LogRecord:
+        try:
+            raise err
+        except OSError:
+            return logging.LogRecord("ray.tune.execution.experiment_state", logging.ERROR, __file__, 1, "Saving experiment state "
+                                     "to storage failed", None, sys.exc_info())
+
+    state_failure = _StateWriteFailure(Interrupts(), Store())
+    raced = FileNotFoundError(2, "Failed to open local file '/tmp/ray/s/tune/driver_artifacts/.0490-tmp-searcher-state-1.pkl'")
+    assert state_failure.filter(record(raced)) is False and told == []
+    assert state_failure.filter(record(FileNotFoundError(2, "No such file or directory", "/searches/s/tune/state.json"))) is True
+    assert told == []
+
+
 # ---- ledger rows of the wrong types or values: not records, as a cut or garbled line is not ----------------------------
 
 BAD_FIELDS = [

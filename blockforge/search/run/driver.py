@@ -234,6 +234,9 @@ def _write_failure_in(err: BaseException | None) -> str | None:
     return None
 
 
+TUNE_TEMPORARY = "-tmp-"  # in the name of a file Tune writes before renaming it into place (its searcher's and scheduler's state)
+
+
 class _StateWriteFailure:
     """Tune logs a failed save of its experiment state (a full disk) with a traceback and runs on; here it
     stops the search in one sentence instead, like a trial that cannot write."""
@@ -243,6 +246,8 @@ class _StateWriteFailure:
 
     def filter(self, record) -> bool:
         err = record.exc_info[1] if record.exc_info else None
+        if isinstance(err, FileNotFoundError) and TUNE_TEMPORARY in str(err):
+            return False  # its copy to the storage met a file Tune was replacing (its write's temporary): the next save copies it
         if err is not None and self.store.remote and isinstance(err, OSError) and not isinstance(err, BlockforgeError):
             from blockforge.storage import storage_failure
 
