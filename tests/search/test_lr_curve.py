@@ -300,9 +300,10 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
     import blockforge
     from blockforge.train.loop import Trainer
 
-    # Each chain: its probe at the search's lr is the confirmation's run; one below it (0.00075) and lr_max (0.012) train 30 steps.
+    # Each chain: its probe at the search's lr is the confirmation's run; one below it (0.00075) and lr_max (0.012) train 60 steps
+    # (a probe's first checkpoint is at step 5: the stop has 55 steps to reach it, however busy the machine).
     path = write_search(tmp_path, scheduler=None, cells={"model.depth": [2]}, trials_per_cell=2, baselines=[], space={ALPHA: {"grid": [0.0, 0.5]}},
-                        sampler={"grid": {}}, max_concurrent=1, overrides={"train.steps": 30, "train.checkpoint_every": 5, "train.eval_every": 10,
+                        sampler={"grid": {}}, max_concurrent=1, overrides={"train.steps": 60, "train.checkpoint_every": 5, "train.eval_every": 10,
                                                                              "train.log_every": 10},
                         confirm={"top": 2, "seeds": 1, "lr_curve": {"lr_max": 0.012, "step": 4.0, "resolution": 4.0, "below": 0}})
     out = tmp_path / "out"
@@ -327,7 +328,7 @@ def test_a_trained_search_stopped_mid_probe_resumes_and_answers_as_one_never_sto
         attempts = [json.loads(x) for x in (run / "attempts.jsonl").read_text().splitlines()]
         assert len(attempts) == 2 and attempts[1]["start_step"] > 0, attempts
         steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if json.loads(x)["event"] == "train"]
-        assert steps == sorted(set(steps)) and steps[-1] == 30
+        assert steps == sorted(set(steps)) and steps[-1] == 60
         recipe = blockforge.load_recipe(run / "recipe.yaml")
         alone = Trainer(recipe, tmp_path / "alone" / run.name, progress=False).run()  # the same probe, never stopped
         assert json.loads((run / "result.json").read_text())["stability"] == alone.stability.record()
