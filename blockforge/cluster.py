@@ -136,8 +136,7 @@ class RayStart:
         self.taken = True
         if self._thread is None:
             return ensure_ray(self.address)
-        while self._thread.is_alive():
-            self._thread.join(0.2)  # the main thread stays free to run signal handlers
+        self._finished()
         if "error" in self._outcome:
             raise self._outcome["error"]
         return True
@@ -147,10 +146,13 @@ class RayStart:
         if self.taken or self._thread is None:
             return
         self.taken = True
-        while self._thread.is_alive():
-            self._thread.join(0.2)
+        self._finished()
         if "error" not in self._outcome:
             stop_ray()
+
+    def _finished(self) -> None:
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # the main thread stays free to run signal handlers
 
 
 _started_env: dict[str, str] | None = None  # the environment of the local Ray ensure_ray started, until stop_ray

@@ -457,6 +457,16 @@ def _fit_noting_write_failures(plan: SearchPlan, store: SearchStore, resume: boo
             interrupts.write_failure, interrupts.write_fix = _failure_sentence(err, f"{store}: cannot write the search's records ({reason})")
 
 
+def _claim(path, plan: SearchPlan, store: SearchStore, resume: bool, command: str) -> list:
+    """The search folder made this search's: a resumed one taken up (the trials it retries), a new one started afresh."""
+    if store.holds_search() and not resume:
+        raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
+    if resume:
+        return _take_up(path, plan, store, command)
+    store.start_afresh()
+    return []
+
+
 def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, ray_start: RayStart, *, resume: bool,
                max_concurrent: int | None, overrides: list[tuple] | None, progress_every_s: float, progress: str = "lines") -> SearchOutcome:
     """run_search in a search folder this driver holds the lock of."""
@@ -464,15 +474,8 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, ray_star
 
     search_dir = store.local
     marker = search_dir / MARKER
-    address = ray_start.address
-    command = resume_command(path, store.storage, overrides, address, max_concurrent)
-    if store.holds_search() and not resume:
-        raise BlockforgeError(f"{store}: already holds a search; pass --resume to continue it, or choose another --out")
-    if resume:
-        retried = _take_up(path, plan, store, command)
-    else:
-        retried = []
-        store.start_afresh()
+    command = resume_command(path, store.storage, overrides, ray_start.address, max_concurrent)
+    retried = _claim(path, plan, store, resume, command)
     ledger = store.attach(Ledger(search_dir / "trials.jsonl"))  # the searcher opens it again when it starts
     from blockforge.search.reports.tracked import SearchTracking
 
@@ -487,7 +490,7 @@ def _run_owned(path, plan: SearchPlan, store: SearchStore, needs: dict, ray_star
                 raise BlockforgeError(f"{err}; then " + (f"resume with: {command}" if resume else "run the same command again")) from None
             try:
                 interrupts.arm()
-                check_cluster(plan, needs, address, store)
+                check_cluster(plan, needs, ray_start.address, store)
                 interrupts.check()
                 from blockforge.search.run.datasets import prepare_search_sets
 

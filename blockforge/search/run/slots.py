@@ -99,7 +99,7 @@ def _class_cache() -> tuple[object, type, dict, tuple] | None:
     return tune_controller, base, defaults, tuple(copied)
 
 
-def trial_environment(defaults: dict, copied: tuple, environ: dict) -> dict[str, str]:
+def trial_environment(defaults: dict, copied: tuple, environ) -> dict[str, str]:
     """The variables Tune sets in a trial process: its defaults, and those of `copied` that `environ` holds."""
     return {**defaults, **{name: environ[name] for name in copied if name in environ}}
 
@@ -113,7 +113,7 @@ def started_workers_class(base: type, started: dict[str, str], defaults: dict, c
 
     class StartedWorkers(base):
         def get(self, trainable_cls):
-            wanted = trial_environment(defaults, copied, dict(os.environ))
+            wanted = trial_environment(defaults, copied, os.environ)
             if trainable_cls not in self._cache and all(started.get(name) == value for name, value in wanted.items()):
                 self._cache[trainable_cls] = ray.remote(trainable_cls)
             return super().get(trainable_cls)
